@@ -1,0 +1,37 @@
+"""Positional encodings for Keras 3 on TensorFlow: sinusoidal, learned and rotary (RoPE).
+
+Every layer takes its sin/cos from one shared frequency table (`keras_posenc.frequencies`),
+computed in float64 on the host and rounded once, so values are exact at any position.
+"""
+
+import keras
+
+if keras.backend.backend() != "tensorflow":
+    raise ImportError(
+        "keras_posenc needs the TensorFlow backend of Keras, but Keras is running on "
+        f"{keras.backend.backend()!r}. Set the environment variable KERAS_BACKEND=tensorflow "
+        "before Python starts (or before the first `import keras`)."
+    )
+
+from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
+from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
+from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
+from keras_posenc.rotary_attention import RotaryMultiHeadAttention  # noqa: E402
+from keras_posenc.sinusoidal import (  # noqa: E402
+    SinusoidalInitializer,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FrequencyTable",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "RotaryMultiHeadAttention",
+    "SinusoidalInitializer",
+    "SinusoidalPositionalEncoding",
+    "inverse_frequencies",
+    "sinusoidal_table",
+]

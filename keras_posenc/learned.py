@@ -1,0 +1,162 @@
+"""`LearnedPositionalEmbedding`: adds a trainable table `E[position]` to its input."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.frequencies import slice_rows
+from keras_posenc.positions import position_rows, static_dim
+from keras_posenc.sinusoidal import SinusoidalInitializer
+
+
+class _VariableRows:
+    """Row access to a `(max_length, width)` variable, for `position_rows`."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def slice(self, start, length):
+        return (slice_rows(tf.convert_to_tensor(self.table), start, length),)
+
+    def gather(self, positions):
+        return (tf.gather(self.table, positions),)
+
+
+def _initializer(identifier):
+    if identifier == "sinusoidal":
+        return SinusoidalInitializer()
+    return keras.initializers.get(identifier)
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class LearnedPositionalEmbedding(keras.layers.Layer):
+    """Adds a trainable position table to its input: `inputs + E[positions]`.
+
+    The table `E` has `max_length` rows of the input width; positions past it are an
+    error (resize the table with `resize`, by linear interpolation, to go further).
+
+    Example:
+
+    >>> tokens = keras.layers.Embedding(1000, 64)(np.array([[3, 1, 4, 1, 5]]))
+    >>> layer = LearnedPositionalEmbedding(max_length=128)
+    >>> tuple(layer(tokens).shape)
+    (1, 5, 64)
+
+    Args:
+        max_length: the number of positions the table holds.
+        embeddings_initializer: initializer of the table; `"sinusoidal"` starts from the
+            sinusoidal encoding (`SinusoidalInitializer`).
+        embeddings_regularizer: optional regularizer of the table.
+        embeddings_constraint: optional constraint of the table.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `(batch, sequence, width)`.
+        positions: optional integer tensor `(sequence,)` or `(batch, sequence)`, each below
+            `max_length`.
+        start_index: the position of the first step when `positions` is not given: a Python
+            int or a scalar int tensor (decoding with a cache).
+
+    Input shape: `(batch, sequence, width)`. Output shape: the same. A Keras mask passes through.
+    """
+
+    def __init__(
+        self,
+        max_length: int,
+        embeddings_initializer="glorot_uniform",
+        embeddings_regularizer=None,
+        embeddings_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.max_length = self._checked_max_length(max_length)
+        self.embeddings_initializer = _initializer(embeddings_initializer)
+        self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
+        self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
+        self.supports_masking = True
+
+    @staticmethod
+    def _checked_max_length(max_length) -> int:
+        if (
+            isinstance(max_length, bool)
+            or not isinstance(max_length, (int, np.integer))
+            or max_length < 1
+        ):
+            raise ValueError(f"max_length must be a positive integer, got {max_length!r}.")
+        return int(max_length)
+
+    def build(self, input_shape) -> None:
+        if len(input_shape) != 3 or input_shape[-1] is None:
+            raise ValueError(
+                "LearnedPositionalEmbedding expects inputs of shape (batch, sequence, width) "
+                f"with a known width, got shape {tuple(input_shape)}."
+            )
+        self.embeddings = self._add_table(
+            self.max_length, input_shape[-1], self.embeddings_initializer
+        )
+        super().build(input_shape)
+
+    def _add_table(self, length: int, width: int, initializer):
+        return self.add_weight(
+            shape=(length, width),
+            initializer=initializer,
+            regularizer=self.embeddings_regularizer,
+            constraint=self.embeddings_constraint,
+            name="embeddings",
+        )
+
+    def call(self, inputs, positions=None, start_index=0):
+        (embedding,) = position_rows(
+            _VariableRows(self.embeddings),
+            static_dim(inputs, 1),
+            positions,
+            start_index,
+            limit=self.max_length,
+            limit_hint="build the layer with a larger max_length, or call "
+            "resize(new_max_length) to interpolate the table.",
+        )
+        return inputs + tf.cast(embedding, inputs.dtype)
+
+    def resize(self, new_max_length: int) -> None:
+        """Grows or shrinks the table to `new_max_length` rows by linear interpolation.
+
+        Row `j` of the new table is the old table read at position
+        `j·(max_length - 1)/(new_max_length - 1)` (first and last rows stay). Retrace any
+        `tf.function` and recompile the model afterwards: they hold the old table.
+        """
+        new_max_length = self._checked_max_length(new_max_length)
+        if not self.built:
+            self.max_length = new_max_length
+            return
+        old = keras.ops.convert_to_numpy(self.embeddings).astype(np.float64)
+        where = np.linspace(0.0, self.max_length - 1, new_max_length)
+        below = np.floor(where).astype(int)
+        above = np.minimum(below + 1, self.max_length - 1)
+        weight = (where - below)[:, None]
+        new = (1.0 - weight) * old[below] + weight * old[above]
+
+        self._untrack_variable(self.embeddings)
+        self._tracker.unlock()
+        try:
+            self.embeddings = self._add_table(new_max_length, old.shape[1], "zeros")
+        finally:
+            self._lock_state()
+        self.embeddings.assign(new.astype(self.embeddings.dtype))
+        self.max_length = new_max_length
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+                "embeddings_constraint": keras.constraints.serialize(self.embeddings_constraint),
+            }
+        )
+        return config

@@ -1,0 +1,161 @@
+"""Which positions a call covers, checked: a run from `start_index`, or explicit `positions`.
+
+Every layer takes the same `positions=None, start_index=0` pair and asks a table for the
+rows of those positions: `table.slice(start, length)` for a run, `table.gather(positions)`
+otherwise. Checks raise at once when the values are known (eagerly, or static at trace
+time) and become graph assertions otherwise. XLA compiles assertions away, so under
+`jit_compile=True` only the checks that can be made at trace time remain.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import tensorflow as tf
+
+
+class RowTable(Protocol):
+    def slice(self, start, length) -> tuple[tf.Tensor, ...]: ...
+
+    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]: ...
+
+
+def static_dim(x: tf.Tensor, axis: int):
+    """`x.shape[axis]` as a Python int when known, else the runtime size."""
+    size = x.shape[axis]
+    return int(size) if size is not None else tf.shape(x)[axis]
+
+
+def _check(predicate, values, message, error=ValueError) -> list:
+    """Raise `error(message(*values))` unless `predicate(*values)` holds for every element.
+
+    With every value known (Python numbers, eager or constant tensors) the check runs now
+    and `[]` is returned; otherwise the check is a graph assertion, returned in a list so
+    the caller can make the computation wait for it (a slice could otherwise fail first,
+    with a message about the slice instead of the input).
+    """
+    known = [tf.get_static_value(v) if tf.is_tensor(v) else v for v in values]
+    if all(k is not None for k in known):
+        if not np.all(predicate(*known)):
+            raise error(message(*(np.asarray(k).tolist() for k in known)))
+        return []
+    tensors = [tf.cast(v, tf.int64) for v in values]
+    return [
+        tf.debugging.Assert(
+            tf.reduce_all(predicate(*tensors)),
+            [message(*["(value below)"] * len(values)), *tensors],
+        )
+    ]
+
+
+def _after(checks: list, tensor):
+    if not checks:
+        return tensor
+    with tf.control_dependencies(checks):
+        return tf.identity(tensor)
+
+
+def checked_start_index(start_index):
+    """`start_index` as a Python int or a scalar int32 tensor, >= 0."""
+    if isinstance(start_index, (bool, np.bool_)):
+        raise TypeError(f"start_index must be an integer, got the bool {start_index!r}.")
+    if isinstance(start_index, (int, np.integer)):
+        if start_index < 0:
+            raise ValueError(
+                f"start_index must be >= 0, got {int(start_index)}. Positions count from 0."
+            )
+        return int(start_index)
+    start_index = tf.convert_to_tensor(start_index)
+    if not start_index.dtype.is_integer:
+        raise TypeError(
+            f"start_index must be an int32 or int64 scalar, got dtype {start_index.dtype.name}. "
+            "Cast it with tf.cast(start_index, 'int32')."
+        )
+    if start_index.shape.rank not in (None, 0):
+        raise ValueError(
+            f"start_index must be a scalar, got shape {start_index.shape}. "
+            "For a different start per sequence, pass `positions` of shape (batch, sequence)."
+        )
+    checks = _check(
+        lambda s: s >= 0,
+        [start_index],
+        lambda s: f"start_index must be >= 0, got {s}. Positions count from 0.",
+    )
+    return _after(checks, tf.cast(start_index, tf.int32))
+
+
+def checked_positions(positions, length) -> tf.Tensor:
+    """`positions` as an integer tensor of shape `(length,)` or `(batch, length)`, values >= 0."""
+    positions = tf.convert_to_tensor(positions)
+    if not positions.dtype.is_integer:
+        raise TypeError(
+            f"positions must be integers (int32 or int64), got dtype {positions.dtype.name}. "
+            "Cast them with tf.cast(positions, 'int32')."
+        )
+    if positions.shape.rank not in (1, 2):
+        raise ValueError(
+            "positions must have shape (sequence,) or (batch, sequence), "
+            f"got shape {positions.shape}."
+        )
+    checks = _check(
+        lambda given, expected: given == expected,
+        [static_dim(positions, -1), length],
+        lambda given, expected: (
+            f"positions cover {given} steps but the input sequence has "
+            f"{expected}; give one position per step."
+        ),
+    )
+    checks += _check(
+        lambda smallest: smallest >= 0,
+        [tf.reduce_min(positions)],
+        lambda smallest: f"positions must be >= 0 (they count from 0); the smallest is {smallest}.",
+    )
+    return _after(checks, positions)
+
+
+def position_rows(
+    table: RowTable,
+    length,
+    positions=None,
+    start_index=0,
+    *,
+    limit: int,
+    limit_hint: str,
+) -> tuple[tf.Tensor, ...]:
+    """Checked rows of `table` for a sequence of `length` steps.
+
+    Args:
+        table: gives rows for a run (`slice`) or for explicit positions (`gather`).
+        length: the sequence length (int or scalar int32 tensor).
+        positions: optional integer positions, `(sequence,)` or `(batch, sequence)`.
+        start_index: first position of the run when `positions` is None.
+        limit: positions must be below this.
+        limit_hint: what to do when they are not, for the error message.
+    """
+    if positions is not None:
+        if not (isinstance(start_index, (int, np.integer)) and start_index == 0):
+            raise ValueError(
+                "Pass either `positions` or `start_index`, not both: "
+                "start_index=s means positions=range(s, s + sequence_length)."
+            )
+        positions = checked_positions(positions, length)
+        checks = _check(
+            lambda largest: largest < limit,
+            [tf.reduce_max(positions)],
+            lambda largest: (
+                f"the largest position is {largest} but positions must be below "
+                f"{limit}; {limit_hint}"
+            ),
+        )
+        return table.gather(_after(checks, tf.cast(positions, tf.int32)))
+    start = checked_start_index(start_index)
+    checks = _check(
+        lambda end: end <= limit,
+        [start + length],
+        lambda end: (
+            f"the positions run to {end} (start_index + sequence length) but must "
+            f"stay within {limit}; {limit_hint}"
+        ),
+    )
+    return table.slice(_after(checks, start), length)

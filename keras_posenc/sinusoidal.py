@@ -1,0 +1,154 @@
+"""`SinusoidalPositionalEncoding`: adds the fixed sin/cos encoding of Vaswani et al. (2017)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc.frequencies import (
+    MAX_POSITIONS,
+    FrequencyTable,
+    PositionTable,
+    checked_choice,
+    checked_even_width,
+    checked_max_wavelength,
+    inverse_frequencies,
+    position_table,
+)
+from keras_posenc.positions import position_rows, static_dim
+
+LAYOUTS = ("interleaved", "concat")
+
+
+def _interleave(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
+    # [sin ω0, cos ω0, sin ω1, cos ω1, ...]: neighbours share a frequency.
+    pairs = tf.stack([sin, cos], axis=-1)
+    return tf.reshape(pairs, tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0))
+
+
+def _concat(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
+    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...], as in tensor2tensor.
+    return tf.concat([sin, cos], axis=-1)
+
+
+_LAYOUT_FUNCTIONS = {"interleaved": _interleave, "concat": _concat}
+
+
+def encoding_table(width: int, max_wavelength: float, layout: str) -> PositionTable:
+    """The shared `PositionTable` whose rows are the encoding `p_i`."""
+    return position_table(
+        ("sinusoidal", width, max_wavelength, layout),
+        lambda: PositionTable(
+            FrequencyTable(inverse_frequencies(width, max_wavelength)),
+            lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
+        ),
+    )
+
+
+def sinusoidal_table(
+    length: int, width: int, max_wavelength: float = 10000.0, layout: str = "interleaved"
+) -> np.ndarray:
+    """The encoding `P` for positions `0 .. length - 1` as a float32 numpy array `(length, width)`.
+
+    Each value is the float64 formula rounded once to float32.
+    """
+    checked_choice("layout", layout, LAYOUTS)
+    frequencies = FrequencyTable(inverse_frequencies(checked_even_width(width), max_wavelength))
+    with tf.init_scope():
+        sin, cos = (tf.constant(t) for t in frequencies.host_sin_cos(np.arange(length)))
+        return _LAYOUT_FUNCTIONS[layout](sin, cos).numpy().astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class SinusoidalInitializer(keras.initializers.Initializer):
+    """Initializes a `(length, width)` table with the sinusoidal encoding.
+
+    `LearnedPositionalEmbedding(..., embeddings_initializer="sinusoidal")` uses it, so a
+    learned table can start from the fixed encoding.
+
+    Args:
+        max_wavelength: the base of the frequencies.
+        layout: `"interleaved"` or `"concat"`.
+    """
+
+    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved"):
+        self.max_wavelength = checked_max_wavelength(max_wavelength)
+        self.layout = checked_choice("layout", layout, LAYOUTS)
+
+    def __call__(self, shape, dtype=None):
+        if len(shape) != 2:
+            raise ValueError(f"SinusoidalInitializer makes (length, width) tables, got {shape}.")
+        table = sinusoidal_table(shape[0], shape[1], self.max_wavelength, self.layout)
+        return tf.cast(table, dtype or "float32")
+
+    def get_config(self) -> dict:
+        return {"max_wavelength": self.max_wavelength, "layout": self.layout}
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class SinusoidalPositionalEncoding(keras.layers.Layer):
+    """Adds the fixed sinusoidal position encoding of Vaswani et al. (2017) to its input.
+
+    With `ω_k = max_wavelength^(-2k/width)`, position `i` gets
+    `p[i, 2k] = sin(i·ω_k)` and `p[i, 2k+1] = cos(i·ω_k)` (`layout="interleaved"`), or
+    `[sin(i·ω_0), ..., cos(i·ω_0), ...]` (`layout="concat"`), and the layer returns
+    `inputs + P`. The table is computed in float64 on the host and rounded once to float32
+    (exact at every position below 2^24), whatever the dtype policy; only the result is cast.
+
+    Example:
+
+    >>> tokens = keras.layers.Embedding(1000, 64)(np.array([[3, 1, 4, 1, 5]]))
+    >>> encoded = SinusoidalPositionalEncoding()(tokens)
+    >>> tuple(encoded.shape)
+    (1, 5, 64)
+
+    Args:
+        max_wavelength: the base of the frequencies (10000 in the paper).
+        layout: `"interleaved"` (sin/cos alternate) or `"concat"` (all sin, then all cos).
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `(batch, sequence, width)`, `width` even.
+        positions: optional integer tensor `(sequence,)` or `(batch, sequence)`.
+        start_index: the position of the first step when `positions` is not given: a Python
+            int or a scalar int tensor (decoding with a cache). `start_index=s` is
+            `positions=range(s, s + sequence)`.
+
+    Input shape: `(batch, sequence, width)`. Output shape: the same. A Keras mask passes through.
+    """
+
+    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved", **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = checked_max_wavelength(max_wavelength)
+        self.layout = checked_choice("layout", layout, LAYOUTS)
+        self.supports_masking = True
+
+    def build(self, input_shape) -> None:
+        if len(input_shape) != 3:
+            raise ValueError(
+                "SinusoidalPositionalEncoding expects inputs of shape (batch, sequence, width), "
+                f"got shape {tuple(input_shape)}."
+            )
+        width = checked_even_width(input_shape[-1], "the input width (last axis)")
+        self._table = encoding_table(width, self.max_wavelength, self.layout)
+        super().build(input_shape)
+
+    def call(self, inputs, positions=None, start_index=0):
+        (encoding,) = position_rows(
+            self._table,
+            static_dim(inputs, 1),
+            positions,
+            start_index,
+            limit=MAX_POSITIONS,
+            limit_hint="the encoding is exact only below that.",
+        )
+        return inputs + tf.cast(encoding, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update({"max_wavelength": self.max_wavelength, "layout": self.layout})
+        return config
