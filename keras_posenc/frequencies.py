@@ -168,6 +168,51 @@ class FrequencyTable:
         return lookup_sin_cos(positions, *(t.tensor() for t in self._split_tables))
 
 
+def _split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    # Veltkamp: x = high + low with 12 significant bits each, so the product of any two
+    # halves is exact in float32 (no rounding, and no change if fused into an FMA).
+    scaled = x * 4097.0
+    high = scaled - (scaled - x)
+    return high, x - high
+
+
+_TURN = 2**31  # one turn in the fixed-point sum below
+
+
+def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(sin, cos)` of `2π · positions · turns` for float32 `turns` known only at run time.
+
+    For frequencies made inside the graph (dynamic NTK scaling), where no host table can
+    exist. `turns` is the frequency in turns per position (`ω / 2π`). The product
+    `position · turns` is never rounded: it is the sum of four exact float32 products of
+    12-bit halves, each reduced to a fraction of a turn and added in 64-bit fixed point
+    (integer arithmetic, which no graph optimizer can reorder). The only roundings are of
+    the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any position below 2^24.
+
+    Args:
+        positions: integer tensor, any shape, values in `[0, 2^24)`.
+        turns: float32 tensor `(dim/2,)`.
+
+    Returns:
+        float32 `(sin, cos)`, each of shape `positions.shape + (dim/2,)`.
+    """
+    turns_high, turns_low = _split(tf.cast(turns, tf.float32))
+    positions = tf.cast(positions, tf.int32)[..., None]
+    position_low = positions % 4096
+    position_high = tf.cast(positions - position_low, tf.float32)  # 12 significant bits
+    position_low = tf.cast(position_low, tf.float32)
+    fixed = tf.zeros([], tf.int64)
+    for position_part in (position_high, position_low):
+        for turns_part in (turns_high, turns_low):
+            product = position_part * turns_part  # exact
+            fraction = product - tf.round(product)  # exact, in [-0.5, 0.5]
+            fixed += tf.cast(tf.round(fraction * _TURN), tf.int64)
+    half = _TURN // 2
+    wrapped = tf.math.floormod(fixed + half, _TURN) - half  # [-half turn, half turn)
+    angle = tf.cast(wrapped, tf.float32) * np.float32(2.0 * np.pi / _TURN)
+    return tf.sin(angle), tf.cos(angle)
+
+
 Layout = Callable[[tf.Tensor, tf.Tensor], Sequence[tf.Tensor]]
 
 

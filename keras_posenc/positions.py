@@ -114,6 +114,19 @@ def checked_positions(positions, length) -> tf.Tensor:
     return _after(checks, positions)
 
 
+def positions_from_mask(mask: tf.Tensor, start_index=0) -> tf.Tensor:
+    """Positions `start_index + cumsum(mask) - 1` (clamped at `start_index`), `(batch, sequence)`.
+
+    Real tokens count from `start_index` whatever padding stands before them, so a
+    left-padded sequence gets the positions it would have unpadded.
+    """
+    mask = tf.convert_to_tensor(mask)
+    if mask.shape.rank != 2:
+        raise ValueError(f"A padding mask must have shape (batch, sequence), got {mask.shape}.")
+    counted = tf.maximum(tf.cumsum(tf.cast(mask, tf.int32), axis=1) - 1, 0)
+    return counted + checked_start_index(start_index)
+
+
 def position_rows(
     table: RowTable,
     length,
@@ -122,6 +135,7 @@ def position_rows(
     *,
     limit: int,
     limit_hint: str,
+    mask=None,
 ) -> tuple[tf.Tensor, ...]:
     """Checked rows of `table` for a sequence of `length` steps.
 
@@ -132,7 +146,11 @@ def position_rows(
         start_index: first position of the run when `positions` is None.
         limit: positions must be below this.
         limit_hint: what to do when they are not, for the error message.
+        mask: optional padding mask `(batch, sequence)`; when given (and `positions` is
+            not), positions come from it (`positions_from_mask`).
     """
+    if mask is not None and positions is None:
+        positions, start_index = positions_from_mask(mask, start_index), 0
     if positions is not None:
         if not (isinstance(start_index, (int, np.integer)) and start_index == 0):
             raise ValueError(

@@ -11,6 +11,7 @@ call is two multiplies, one swap and one add.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_posenc.frequencies import (
@@ -20,10 +21,17 @@ from keras_posenc.frequencies import (
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
-    inverse_frequencies,
     position_table,
 )
 from keras_posenc.positions import position_rows, static_dim
+from keras_posenc.rope_scaling import (
+    ROPE_TYPES,
+    DynamicRows,
+    SwitchByLength,
+    checked_scaling,
+    dynamic_turns,
+    rope_parameters,
+)
 
 LAYOUTS = ("half", "interleaved")
 
@@ -54,15 +62,39 @@ def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1) -> tf.Tensor:
     return tf.reshape(tf.reverse(paired, [axis + pair_axis]), shape)
 
 
-def rotation_table(rotary_dim: int, max_wavelength: float, layout: str) -> PositionTable:
-    """The shared `PositionTable` whose rows are RoPE's `(C, S)` for `rotary_dim` channels."""
+def rotation_table(
+    rotary_dim: int, layout: str, omega: np.ndarray, attention_factor: float = 1.0
+) -> PositionTable:
+    """The shared `PositionTable` whose rows are RoPE's `(C, S)` for frequencies `omega`."""
     return position_table(
-        ("rotary", rotary_dim, max_wavelength, layout),
+        ("rotary", rotary_dim, layout, float(attention_factor), omega.tobytes()),
         lambda: PositionTable(
-            FrequencyTable(inverse_frequencies(rotary_dim, max_wavelength)),
+            FrequencyTable(omega, scale=attention_factor),
             lambda sin, cos: _rotation_tables(layout, sin, cos),
         ),
     )
+
+
+def rotation_rows(rotary_dim: int, max_wavelength: float, layout: str, scaling: dict | None):
+    """Rows `(C, S)` for every position, with the frequencies `scaling` defines."""
+    parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
+    table = rotation_table(
+        rotary_dim, layout, parameters.inverse_frequencies, parameters.attention_factor
+    )
+    if parameters.long_inverse_frequencies is not None:
+        long = rotation_table(
+            rotary_dim, layout, parameters.long_inverse_frequencies, parameters.attention_factor
+        )
+        return SwitchByLength(table, long, parameters.switch_length)
+    if parameters.dynamic_factor is not None:
+        dynamic = DynamicRows(
+            parameters.inverse_frequencies,
+            parameters.dynamic_factor,
+            parameters.switch_length,
+            lambda sin, cos: _rotation_tables(layout, sin, cos),
+        )
+        return SwitchByLength(table, dynamic, parameters.switch_length)
+    return table
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -90,6 +122,13 @@ class RotaryEmbedding(keras.layers.Layer):
             through unchanged; default all.
         sequence_axis: the axis of the positions in the input.
         feature_axis: the axis of the channels in the input.
+        scaling: optional dict in the shape of transformers' `rope_scaling`: a `rope_type`
+            (`"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`, `"longrope"`) and its keys; see
+            `keras_posenc.rope_scaling`. `from_transformers_config` builds the layer from a
+            whole transformers config.
+        positions_from_mask: when the input carries a padding mask `(batch, sequence)` and
+            no `positions` are given, use `start_index + cumsum(mask) - 1` (clamped), so
+            left-padded sequences rotate as if unpadded.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -109,6 +148,8 @@ class RotaryEmbedding(keras.layers.Layer):
         rotary_dim: int | None = None,
         sequence_axis: int = 1,
         feature_axis: int = -1,
+        scaling: dict | None = None,
+        positions_from_mask: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -119,6 +160,11 @@ class RotaryEmbedding(keras.layers.Layer):
         )
         self.sequence_axis = int(sequence_axis)
         self.feature_axis = int(feature_axis)
+        self.scaling = checked_scaling(scaling)
+        self.positions_from_mask = bool(positions_from_mask)
+        if self.rotary_dim is not None:
+            # Bad scaling values fail here, not at the first call.
+            rope_parameters(self.rotary_dim, self.max_wavelength, self.scaling)
         self.supports_masking = True
 
     def build(self, input_shape) -> None:
@@ -153,10 +199,10 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"use rotary_dim <= {head_dim}."
             )
         self._rotary_dim = rotary_dim
-        self._table = rotation_table(rotary_dim, self.max_wavelength, self.layout)
+        self._table = rotation_rows(rotary_dim, self.max_wavelength, self.layout, self.scaling)
         super().build(input_shape)
 
-    def call(self, inputs, positions=None, start_index=0):
+    def call(self, inputs, positions=None, start_index=0, mask=None):
         rank = inputs.shape.rank
         cos_table, sin_table = position_rows(
             self._table,
@@ -165,6 +211,7 @@ class RotaryEmbedding(keras.layers.Layer):
             start_index,
             limit=MAX_POSITIONS,
             limit_hint="the rotation is exact only below that.",
+            mask=mask if self.positions_from_mask else None,
         )
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
@@ -188,6 +235,75 @@ class RotaryEmbedding(keras.layers.Layer):
         )
         return tf.concat([rotated, passed], self._feature_axis)
 
+    @classmethod
+    def from_transformers_config(cls, config, **kwargs) -> RotaryEmbedding:
+        """The `RotaryEmbedding` a transformers model config describes.
+
+        Args:
+            config: a dict (or an object with `to_dict()`) with `rope_theta`, `head_dim` or
+                `hidden_size` / `num_attention_heads`, optionally `partial_rotary_factor`,
+                `max_position_embeddings` and `rope_scaling` (transformers 4) or
+                `rope_parameters` (transformers 5).
+            **kwargs: further `RotaryEmbedding` arguments (`layout`, `name`, ...).
+        """
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+        theta = parameters.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
+        partial = parameters.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        head_dim = config.get("head_dim")
+        if head_dim is None:
+            try:
+                head_dim = config["hidden_size"] // config["num_attention_heads"]
+            except KeyError as error:
+                raise ValueError(
+                    "The config needs 'head_dim' or 'hidden_size' and 'num_attention_heads'."
+                ) from error
+        rotary_dim = int(head_dim * partial)
+        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        scaling = None
+        if rope_type != "default":
+            scaling = parameters
+            _, optional = ROPE_TYPES.get(rope_type, ((), ()))
+            required, _ = ROPE_TYPES.get(rope_type, ((), ()))
+            for key in ("max_position_embeddings", "original_max_position_embeddings"):
+                if key in config and key not in scaling and key in required + optional:
+                    scaling[key] = config[key]
+        return cls(
+            max_wavelength=theta,
+            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+            scaling=scaling,
+            **kwargs,
+        )
+
+    def inverse_frequencies(self, total_length: int | None = None) -> np.ndarray:
+        """The `ω` this layer rotates with when the total length is `total_length`.
+
+        Differs from the plain `max_wavelength^(-2k/d)` under `scaling`; depends on the
+        length only for `dynamic` and `longrope`. float64 where the frequencies are made on
+        the host; for dynamic scaling past `max_position_embeddings`, the float32 values
+        made in the graph (the rotation is exact for those).
+        """
+        if not self.built:
+            raise ValueError("Call the layer (or build it) first: rotary_dim comes from the input.")
+        parameters = rope_parameters(self._rotary_dim, self.max_wavelength, self.scaling)
+        past_switch = (
+            total_length is not None
+            and parameters.switch_length is not None
+            and total_length > parameters.switch_length
+        )
+        if past_switch and parameters.long_inverse_frequencies is not None:
+            return parameters.long_inverse_frequencies
+        if past_switch and parameters.dynamic_factor is not None:
+            turns = dynamic_turns(
+                total_length,
+                parameters.inverse_frequencies,
+                parameters.dynamic_factor,
+                parameters.switch_length,
+            )
+            return 2 * np.pi * np.asarray(turns, dtype=np.float64)
+        return parameters.inverse_frequencies
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
@@ -200,6 +316,8 @@ class RotaryEmbedding(keras.layers.Layer):
                 "rotary_dim": self.rotary_dim,
                 "sequence_axis": self.sequence_axis,
                 "feature_axis": self.feature_axis,
+                "scaling": self.scaling,
+                "positions_from_mask": self.positions_from_mask,
             }
         )
         return config

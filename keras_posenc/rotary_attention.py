@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_posenc.positions import positions_from_mask
 from keras_posenc.rotary import RotaryEmbedding
 
 
@@ -28,6 +29,9 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
         max_wavelength: the RoPE base (see `RotaryEmbedding`).
         rotary_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
         rotary_dim: rotate only the first `rotary_dim` channels of each head.
+        rotary_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
+        positions_from_mask: derive query / key positions from their padding masks
+            (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded.
         **kwargs: the other `keras.layers.MultiHeadAttention` arguments.
 
     Call arguments:
@@ -50,6 +54,8 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
         max_wavelength: float = 10000.0,
         rotary_layout: str = "half",
         rotary_dim: int | None = None,
+        rotary_scaling: dict | None = None,
+        positions_from_mask: bool = False,
         **kwargs,
     ):
         attention_axes = kwargs.get("attention_axes")
@@ -63,11 +69,13 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
             max_wavelength=max_wavelength,
             layout=rotary_layout,
             rotary_dim=rotary_dim,
+            scaling=rotary_scaling,
             sequence_axis=1,
             feature_axis=-1,
             dtype=self.dtype_policy,
             name="rotary_embedding",
         )
+        self.positions_from_mask = bool(positions_from_mask)
         self._rotation = None
 
     def build(self, query_shape, value_shape, key_shape=None) -> None:
@@ -92,6 +100,18 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_start_index=0,
         key_start_index=0,
     ):
+        if self.positions_from_mask:
+            key_source = value if key is None else key
+            query_mask = _mask_of(query, query_mask)
+            key_mask_or_value_mask = _mask_of(
+                key_source, key_mask if key is not None else value_mask
+            )
+            if query_positions is None and query_mask is not None:
+                query_positions = positions_from_mask(query_mask, query_start_index)
+                query_start_index = 0
+            if key_positions is None and key_mask_or_value_mask is not None:
+                key_positions = positions_from_mask(key_mask_or_value_mask, key_start_index)
+                key_start_index = 0
         # The parent's call projects and then calls `_compute_attention`, which rotates:
         # hand the positions over for the length of this call.
         self._rotation = (query_positions, query_start_index, key_positions, key_start_index)
@@ -126,6 +146,12 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
                 "max_wavelength": self.rotary_embedding.max_wavelength,
                 "rotary_layout": self.rotary_embedding.layout,
                 "rotary_dim": self.rotary_embedding.rotary_dim,
+                "rotary_scaling": self.rotary_embedding.scaling,
+                "positions_from_mask": self.positions_from_mask,
             }
         )
         return config
+
+
+def _mask_of(tensor, given):
+    return given if given is not None else getattr(tensor, "_keras_mask", None)
