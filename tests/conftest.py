@@ -1,0 +1,160 @@
+"""Shared fixtures: the TensorFlow backend, execution modes, and graph inspection."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+# Before anything imports Keras: the package needs the TensorFlow backend.
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Few examples, no deadline: each example runs TensorFlow ops on a shared 2-core machine.
+settings.register_profile("keras_posenc", max_examples=20, deadline=None, derandomize=True)
+settings.load_profile("keras_posenc")
+
+MODES = ("eager", "function", "jit")
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    keras.utils.set_random_seed(1234)
+
+
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    """Each execution mode a layer must work in: eager, `tf.function`, and XLA."""
+    return request.param
+
+
+@pytest.fixture
+def in_mode(mode):
+    """`in_mode(fn, signature)`: `fn` run eagerly, or traced once for `signature` (dynamic dims).
+
+    The traced versions have an explicit `input_signature`, so one trace serves every
+    sequence length and every start index passed as a tensor.
+    """
+
+    def wrap(fn, signature):
+        if mode == "eager":
+            return fn
+        return tf.function(fn, input_signature=signature, jit_compile=(mode == "jit"))
+
+    return wrap
+
+
+def _attr_dtypes(attr) -> set:
+    """Every dtype an op attribute names (a type, a list of types, or a constant's tensor)."""
+    dtypes = set()
+    if attr.HasField("type"):
+        dtypes.add(attr.type)
+    if attr.HasField("list"):
+        dtypes.update(attr.list.type)
+    if attr.HasField("tensor"):
+        dtypes.add(attr.tensor.dtype)
+    return {tf.dtypes.as_dtype(d) for d in dtypes if d}
+
+
+def graph_summary(concrete_function) -> tuple[set[str], set[tf.dtypes.DType]]:
+    """`(op types, dtypes)` of every node of a traced function and of the functions it calls."""
+    graph_def = concrete_function.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    op_types = {node.op for node in nodes}
+    dtypes = set()
+    for node in nodes:
+        for attr in node.attr.values():
+            dtypes |= _attr_dtypes(attr)
+    return op_types, dtypes
+
+
+@pytest.fixture
+def traced_graph():
+    """`traced_graph(concrete_function)` -> `(op types, dtypes)` over the graph and its library."""
+    return graph_summary
+
+
+# How a call names its positions; every layer takes all of these.
+POSITION_KINDS = ("default", "start_index", "far_start_index", "positions_1d", "positions_2d")
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionsCase:
+    """One way of giving a call its positions, and the positions the reference must see.
+
+    Attributes:
+        keyword: `"positions"`, `"start_index"`, or None for the default `0 .. length-1`.
+        value: the tensor passed as `keyword`.
+        spec: the `TensorSpec` of `value` in a traced call.
+        positions: `(batch, length)` positions, for the reference.
+    """
+
+    keyword: str | None
+    value: tf.Tensor | None
+    spec: tf.TensorSpec | None
+    positions: np.ndarray
+
+    def bind(self, layer):
+        """`fn(inputs, *where)` calling `layer(inputs, keyword=where[0])`."""
+
+        def call(inputs, *where):
+            return layer(inputs, **({self.keyword: where[0]} if where else {}))
+
+        return call
+
+    def signature(self, input_spec: tf.TensorSpec) -> list:
+        return [input_spec] + ([self.spec] if self.keyword else [])
+
+    def arguments(self, inputs) -> tuple:
+        return (tf.convert_to_tensor(inputs),) + ((self.value,) if self.keyword else ())
+
+
+def _positions_case(kind: str, batch: int, length: int, limit: int = 2**24) -> PositionsCase:
+    rng = np.random.default_rng(7)
+    run = np.arange(length)
+    if kind == "default":
+        return PositionsCase(None, None, None, np.broadcast_to(run, (batch, length)))
+    if kind in ("start_index", "far_start_index"):
+        # "start_index" straddles the end of the cached rows, as a tensor (decoding).
+        start = min(4090 if kind == "start_index" else 3_000_017, limit - length)
+        dtype = tf.int32 if kind == "start_index" else tf.int64
+        return PositionsCase(
+            "start_index",
+            tf.constant(start, dtype),
+            tf.TensorSpec([], dtype),
+            np.broadcast_to(run + start, (batch, length)),
+        )
+    if kind == "positions_1d":
+        positions = rng.integers(0, limit, size=length)
+        return PositionsCase(
+            "positions",
+            tf.constant(positions, tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            np.broadcast_to(positions, (batch, length)),
+        )
+    positions = rng.integers(0, limit, size=(batch, length))
+    return PositionsCase(
+        "positions",
+        tf.constant(positions, tf.int32),
+        tf.TensorSpec([None, None], tf.int32),
+        positions,
+    )
+
+
+@pytest.fixture
+def positions_case():
+    """`positions_case(kind, batch, length, limit=2**24)` -> a `PositionsCase`."""
+    return _positions_case
+
+
+@pytest.fixture(params=POSITION_KINDS)
+def position_kind(request) -> str:
+    """Each way of giving positions: default, start index (cached / far), 1-D, 2-D."""
+    return request.param
