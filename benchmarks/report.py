@@ -1,0 +1,257 @@
+"""What comes out: the table of medians and ratios, the targets, JSON and Markdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.candidates import Prepared
+from benchmarks.timing import Timed
+
+README_START = "<!-- benchmark-table:start -->"
+README_END = "<!-- benchmark-table:end -->"
+# float32 arithmetic on values of size about 1 (a sum, or two products and a sum) rounds
+# by a few 1e-8; 1e-6 leaves room for that and catches any real loss of precision.
+PRECISION_BOUND = 1e-6
+
+
+def rows(prepared: list[Prepared], timed: list[dict[str, Timed]]) -> list[dict]:
+    """One JSON-ready row per case: per-candidate times (ms) and errors, and the ratios."""
+    out = []
+    for entry, candidates in zip(prepared, timed, strict=True):
+        case = entry.case
+        results = {}
+        for name, t in candidates.items():
+            samples_ms = [s * 1e3 for s in t.samples]
+            results[name] = {
+                "median_ms": statistics.median(samples_ms),
+                "min_ms": min(samples_ms),
+                "repeats_per_sample": t.repeats,
+                "max_abs_error": entry.max_abs_error[name],
+                "samples_ms": [round(s, 5) for s in samples_ms],
+            }
+        row = {
+            "layer": case.layer,
+            "shape": list(case.shape),
+            "start": case.start.label,
+            "mode": case.mode,
+            "past_cache": case.past_cache,
+            "tiny": case.tiny,
+            "results": results,
+            "ours_over_floor": results["ours"]["median_ms"] / results["floor"]["median_ms"],
+        }
+        if "keras_hub" in results:
+            row["keras_hub_over_ours"] = (
+                results["keras_hub"]["median_ms"] / results["ours"]["median_ms"]
+            )
+        out.append(row)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A number the issue asks for: which rows it covers and what each must reach."""
+
+    name: str
+    applies: Callable[[dict], bool]
+    value: Callable[[dict], float | None]
+    holds: Callable[[float], bool]
+
+
+def _is(layer=None, shape=None, modes=None, tensor_start=None) -> Callable[[dict], bool]:
+    def applies(row: dict) -> bool:
+        return (
+            (layer is None or row["layer"] == layer)
+            and (shape is None or tuple(row["shape"]) == shape)
+            and (modes is None or row["mode"] in modes)
+            and (tensor_start is None or row["start"].startswith("tensor") == tensor_start)
+            and not row["past_cache"]
+        )
+
+    return applies
+
+
+def _hub_ratio(row: dict) -> float | None:
+    return row.get("keras_hub_over_ours")
+
+
+TARGETS = (
+    Target(
+        "ours/floor <= 1.2 in tf.function and XLA, every layer and shape, int and tensor start",
+        lambda row: _is(modes=("function", "xla"))(row) and not row["tiny"],
+        lambda row: row["ours_over_floor"],
+        lambda ratio: ratio <= 1.2,
+    ),
+    Target(
+        "sinusoidal (1, 4096, 1024), eager and tf.function: keras_hub/ours >= 4",
+        _is("sinusoidal", (1, 4096, 1024), ("eager", "function")),
+        _hub_ratio,
+        lambda ratio: ratio >= 4.0,
+    ),
+    Target(
+        "sinusoidal (1, 4096, 1024), XLA, start tensor: keras_hub/ours >= 3",
+        _is("sinusoidal", (1, 4096, 1024), ("xla",), tensor_start=True),
+        _hub_ratio,
+        lambda ratio: ratio >= 3.0,
+    ),
+    Target(
+        "rotary (1, 4096, 32, 128), XLA, start tensor: keras_hub/ours >= 2",
+        _is("rotary", (1, 4096, 32, 128), ("xla",), tensor_start=True),
+        _hub_ratio,
+        lambda ratio: ratio >= 2.0,
+    ),
+    Target(
+        "never slower than keras_hub: keras_hub/ours >= 1 in every row",
+        lambda row: "keras_hub_over_ours" in row,
+        _hub_ratio,
+        lambda ratio: ratio >= 1.0,
+    ),
+    Target(
+        "eager per-call cost on (1, 16, 64) <= 1 ms",
+        lambda row: row["tiny"] and row["mode"] == "eager",
+        lambda row: row["results"]["ours"]["median_ms"],
+        lambda ms: ms <= 1.0,
+    ),
+    Target(
+        f"precision: ours max |error| against float64 <= {PRECISION_BOUND:g} in every row",
+        lambda row: True,
+        lambda row: row["results"]["ours"]["max_abs_error"],
+        lambda error: error <= PRECISION_BOUND,
+    ),
+)
+
+
+def row_name(row: dict) -> str:
+    shape = "x".join(map(str, row["shape"]))
+    return f"{row['layer']} {shape} {row['start']} {row['mode']}"
+
+
+def evaluate_targets(table: list[dict]) -> list[dict]:
+    """Each target with the value of every row it covers and whether all of them hold."""
+    evaluated = []
+    for target in TARGETS:
+        checks = [
+            {"row": row_name(row), "value": value, "holds": target.holds(value)}
+            for row in table
+            if target.applies(row) and (value := target.value(row)) is not None
+        ]
+        evaluated.append(
+            {
+                "target": target.name,
+                "met": bool(checks) and all(c["holds"] for c in checks),
+                "measured": bool(checks),
+                "misses": [c for c in checks if not c["holds"]],
+                "checks": checks,
+            }
+        )
+    return evaluated
+
+
+def _ms(result: dict | None) -> str:
+    if result is None:
+        return "–"
+    return f"{result['median_ms']:.3f} ({result['min_ms']:.3f})"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def markdown(meta: dict, table: list[dict], targets: list[dict]) -> str:
+    lines = [
+        f"Measured {meta['date']} on {meta['machine']['description']}; "
+        f"Python {meta['versions']['python']}, TensorFlow {meta['versions']['tensorflow']}, "
+        f"Keras {meta['versions']['keras']}, keras-hub {meta['versions']['keras_hub']}, "
+        f"keras_posenc at {meta['versions']['keras_posenc_commit']}.",
+        "",
+        f"Command: `{meta['command']}` ({meta['rounds']} interleaved rounds after warm-up, "
+        f"float32; load average {meta['load_average']['before']} before, "
+        f"{meta['load_average']['after']} after).",
+        "",
+        "Times are per call in ms, median (min) over the rounds. `floor` is `x + c` "
+        "(rotary: `x·C + swap(x)·S`) with constant rows; `ratio` columns divide medians. "
+        "Rows marked † start past the 4096 cached rows (our layers compute the rows "
+        "exactly): reported, not held to the floor target. `err`: max |output − float64 "
+        "reference|.",
+        "",
+        "| layer | shape | start | mode | floor | ours | keras_hub | ours/floor "
+        "| keras_hub/ours | ours err | keras_hub err |",
+        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in table:
+        results = row["results"]
+        hub = results.get("keras_hub")
+        start = row["start"] + (" †" if row["past_cache"] else "")
+        lines.append(
+            f"| {row['layer']} | {tuple(row['shape'])} | {start} | {row['mode']} "
+            f"| {_ms(results['floor'])} | {_ms(results['ours'])} | {_ms(hub)} "
+            f"| {_ratio(row['ours_over_floor'])} | {_ratio(row.get('keras_hub_over_ours'))} "
+            f"| {results['ours']['max_abs_error']:.1e} "
+            f"| {'–' if hub is None else format(hub['max_abs_error'], '.1e')} |"
+        )
+    lines += ["", "Targets:", ""]
+    for target in targets:
+        if not target["measured"]:
+            verdict = "not measured"
+        elif target["met"]:
+            verdict = "**met**"
+        else:
+            misses = "; ".join(f"{m['row']}: {m['value']:.3g}" for m in target["misses"])
+            verdict = f"**missed** ({misses})"
+        lines.append(f"- {target['target']}: {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def console_table(table: list[dict]) -> str:
+    header = (
+        f"{'case':44} {'floor ms':>9} {'ours ms':>9} {'hub ms':>9} "
+        f"{'ours/floor':>10} {'hub/ours':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in table:
+        results = row["results"]
+        hub = results.get("keras_hub")
+        name = row_name(row) + (" †" if row["past_cache"] else "")
+        lines.append(
+            f"{name:44} {results['floor']['median_ms']:9.3f} {results['ours']['median_ms']:9.3f} "
+            f"{hub['median_ms'] if hub else float('nan'):9.3f} "
+            f"{row['ours_over_floor']:10.2f} {row.get('keras_hub_over_ours', float('nan')):9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file in the same folder: whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, prefix=f".{path.name}.", delete=False, encoding="utf-8"
+    ) as temporary:
+        temporary.write(text)
+    os.replace(temporary.name, path)
+
+
+def write_results(out_dir: Path, meta: dict, table: list[dict], targets: list[dict]) -> str:
+    """Writes `latest.json` and `latest.md` under `out_dir`; returns the Markdown."""
+    text = markdown(meta, table, targets)
+    document = {"meta": meta, "rows": table, "targets": targets}
+    write_whole(out_dir / "latest.json", json.dumps(document, indent=1) + "\n")
+    write_whole(out_dir / "latest.md", text)
+    return text
+
+
+def update_readme(path: Path, text: str) -> None:
+    """Replaces the block between the benchmark-table markers of `path` with `text`."""
+    readme = path.read_text(encoding="utf-8")
+    if README_START not in readme or README_END not in readme:
+        raise SystemExit(
+            f"{path} has no benchmark table block; add the lines {README_START!r} and "
+            f"{README_END!r} where the table should go."
+        )
+    head, rest = readme.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    write_whole(path, f"{head}{README_START}\n{text}{README_END}{tail}")

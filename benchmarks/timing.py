@@ -1,0 +1,74 @@
+"""How it is timed: warm-up, then interleaved rounds with rotating order.
+
+TensorFlow on CPU runs eager ops and `tf.function` calls synchronously: a call returns
+when its output is computed. Each timed call still ends with `._numpy()` on the output,
+a zero-copy view (about 1 µs) that would wait for the value if execution were
+asynchronous. The output is dropped inside the timed region, so every candidate pays
+for allocating and freeing its result, as a real caller would.
+
+Each round times every candidate of every case once; a case's candidates run next to
+each other in an order that rotates from round to round, so that a slow spell of the
+(shared) machine falls on all of them alike. Calls faster than `min_sample` are
+repeated within a sample, and the sample divided by the repeats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+WARM_UP_CALLS = 3
+MAX_REPEATS = 200
+
+
+@dataclasses.dataclass
+class Timed:
+    """One candidate of one case: its call, repeats per sample, and per-call times (s)."""
+
+    call: Callable[[], tf.Tensor]
+    repeats: int = 1
+    samples: list[float] = dataclasses.field(default_factory=list)
+
+
+def _one_sample(timed: Timed) -> float:
+    call = timed.call
+    start = time.perf_counter()
+    for _ in range(timed.repeats):
+        call()._numpy()
+    return (time.perf_counter() - start) / timed.repeats
+
+
+def warm_up(timed: Timed, min_sample: float) -> None:
+    """Traces or compiles the call, then sets `repeats` so a sample lasts `min_sample`."""
+    for _ in range(WARM_UP_CALLS):
+        timed.call()._numpy()
+    one_call = min(_one_sample(timed) for _ in range(3))
+    timed.repeats = max(1, min(MAX_REPEATS, math.ceil(min_sample / max(one_call, 1e-7))))
+
+
+def run_rounds(groups: list[list[Timed]], rounds: int, progress: bool = True) -> None:
+    """Appends one sample per round to every `Timed`; `groups` are a case's candidates."""
+    gc.collect()
+    gc.disable()  # a collection inside a sample would land on one candidate only
+    try:
+        for round_index in range(rounds):
+            began = time.perf_counter()
+            for group in groups:
+                shift = round_index % len(group)
+                for timed in group[shift:] + group[:shift]:
+                    timed.samples.append(_one_sample(timed))
+            gc.collect()
+            if progress:
+                print(
+                    f"round {round_index + 1}/{rounds}: {time.perf_counter() - began:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        gc.enable()
