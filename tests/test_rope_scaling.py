@@ -1,0 +1,329 @@
+"""RoPE scaling variants against float64 references written from the published formulas.
+
+The references below restate the definitions of transformers' `modeling_rope_utils.py`
+(and the papers behind them) in plain float64 numpy, channel pair by channel pair; they
+share no code with `keras_posenc`.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention
+
+HEAD_DIM = 128
+PAIRS = HEAD_DIM // 2
+
+
+def plain_omega(base: float, dim: int = HEAD_DIM) -> np.ndarray:
+    return np.array([1.0 / base ** (2 * k / dim) for k in range(dim // 2)])
+
+
+def llama3_omega(base, factor, low_freq_factor, high_freq_factor, original, dim=HEAD_DIM):
+    out = []
+    for w in plain_omega(base, dim):
+        wavelength = 2 * math.pi / w
+        if wavelength < original / high_freq_factor:
+            out.append(w)
+        elif wavelength > original / low_freq_factor:
+            out.append(w / factor)
+        else:
+            smooth = (original / wavelength - low_freq_factor) / (
+                high_freq_factor - low_freq_factor
+            )
+            out.append((1 - smooth) * w / factor + smooth * w)
+    return np.array(out)
+
+
+def yarn_omega_and_factor(
+    base,
+    factor,
+    original,
+    beta_fast=32,
+    beta_slow=1,
+    mscale=None,
+    mscale_all_dim=None,
+    truncate=True,
+    dim=HEAD_DIM,
+):
+    def dim_for(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_for(beta_fast), dim_for(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for k, w in enumerate(plain_omega(base, dim)):
+        ramp = min(max((k - low) / (high - low), 0.0), 1.0)
+        out.append(w / factor * ramp + w * (1 - ramp))
+
+    def m(scale, weight=1.0):
+        return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0
+
+    attention = (
+        m(factor, mscale) / m(factor, mscale_all_dim) if mscale and mscale_all_dim else m(factor)
+    )
+    return np.array(out), attention
+
+
+def dynamic_omega(base, factor, max_positions, total_length, dim=HEAD_DIM):
+    length = max(total_length, max_positions)
+    grown = base * ((factor * length / max_positions) - (factor - 1)) ** (dim / (dim - 2))
+    return plain_omega(grown, dim)
+
+
+def rotate_half_reference(x, positions, omega, attention_factor=1.0):
+    """float64 RoPE, half layout: pair k with k + D/2; x (batch, seq, heads, D)."""
+    x = x.astype(np.float64)
+    half = len(omega)
+    angles = np.asarray(positions, np.float64)[..., None] * omega
+    if angles.ndim == 2:
+        angles = angles[None]
+    cos = attention_factor * np.cos(angles)[:, :, None, :]
+    sin = attention_factor * np.sin(angles)[:, :, None, :]
+    first, second = x[..., :half], x[..., half : 2 * half]
+    rotated = np.concatenate([first * cos - second * sin, second * cos + first * sin], -1)
+    return np.concatenate([rotated, x[..., 2 * half :]], -1)
+
+
+LLAMA31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+DEEPSEEK_YARN = {
+    "rope_type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
+SHORT = [1.0 + 0.02 * k for k in range(PAIRS)]
+LONG = [1.0 + 0.5 * k for k in range(PAIRS)]
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": SHORT,
+    "long_factor": LONG,
+    "original_max_position_embeddings": 4096,
+    "max_position_embeddings": 131072,
+}
+
+
+def layer_for(scaling, base):
+    layer = RotaryEmbedding(max_wavelength=base, scaling=scaling)
+    layer.build((None, None, 2, HEAD_DIM))
+    return layer
+
+
+@pytest.mark.parametrize(
+    "scaling, base, expected_omega, expected_factor",
+    [
+        (LLAMA31, 500000.0, llama3_omega(500000.0, 8.0, 1.0, 4.0, 8192), 1.0),
+        (YARN, 1e6, *yarn_omega_and_factor(1e6, 4.0, 32768)),
+        (DEEPSEEK_YARN, 10000.0, *yarn_omega_and_factor(10000.0, 40.0, 4096, 32, 1, 1.0, 0.8)),
+        ({"rope_type": "linear", "factor": 2.0}, 10000.0, plain_omega(10000.0) / 2, 1.0),
+        (
+            LONGROPE,
+            10000.0,
+            plain_omega(10000.0) / np.array(SHORT),
+            math.sqrt(1 + math.log(32) / math.log(4096)),
+        ),
+    ],
+    ids=["llama3.1", "yarn-qwen", "yarn-deepseek", "linear", "longrope-short"],
+)
+def test_inverse_frequencies_and_outputs_match_the_definitions(
+    scaling, base, expected_omega, expected_factor
+):
+    layer = layer_for(scaling, base)
+    omega = layer.inverse_frequencies()
+    np.testing.assert_allclose(omega, expected_omega, rtol=1e-6, atol=0)
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (1, 64, 2, HEAD_DIM)).astype(np.float32)
+    # Cached rows, and the exact path past them (longrope switches to its long factors
+    # past 4096 in all: tested below).
+    for start in (0, 3000) if scaling is LONGROPE else (0, 3000, 100_000):
+        got = layer(x, start_index=start).numpy()
+        want = rotate_half_reference(
+            x, np.arange(start, start + 64), expected_omega, expected_factor
+        )
+        assert np.abs(got - want).max() <= 1e-6, (start, np.abs(got - want).max())
+
+
+def test_longrope_chooses_factors_by_total_length_not_chunk_length():
+    layer = layer_for(LONGROPE, 10000.0)
+    factor = math.sqrt(1 + math.log(32) / math.log(4096))
+    long_omega = plain_omega(10000.0) / np.array(LONG)
+    short_omega = plain_omega(10000.0) / np.array(SHORT)
+    np.testing.assert_allclose(layer.inverse_frequencies(5001), long_omega, rtol=1e-12)
+
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 1, 2, HEAD_DIM)).astype(np.float32)
+    step = tf.function(lambda x, s: layer(x, start_index=s), jit_compile=True)
+    for start, omega in ((5000, long_omega), (4095, short_omega), (4096, long_omega)):
+        # The threshold is on the total length start + 1: 4096 is still short, 4097 long.
+        want = rotate_half_reference(x, [start], omega, factor)
+        for got in (layer(x, start_index=start), step(x, tf.constant(start))):
+            assert np.abs(got.numpy() - want).max() <= 1e-6, start
+
+
+def test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph():
+    scaling = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 256}
+    layer = layer_for(scaling, 10000.0)
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 8, 2, HEAD_DIM)).astype(np.float32)
+    graph = tf.function(lambda x, s: layer(x, start_index=s))
+    jit = tf.function(lambda x, s: layer(x, start_index=s), jit_compile=True)
+    for start in (0, 248, 500, 5000, 70_000):
+        total = start + 8
+        definition = dynamic_omega(10000.0, 2.0, 256, total)
+        used = layer.inverse_frequencies(total)
+        # The frequencies equal the definition to float32 precision...
+        np.testing.assert_allclose(used, definition, rtol=1e-6, atol=0)
+        # ...and the rotation is exact for the frequencies used.
+        want = rotate_half_reference(x, np.arange(start, total), used)
+        for got in (layer(x, start_index=start), graph(x, tf.constant(start))):
+            assert np.abs(got.numpy() - want).max() <= 1e-6, start
+        # XLA forms exp/log with its own float32 rounding: compare with the definition
+        # within what a 3e-7 relative change of the frequencies moves the angles.
+        tolerance = 1e-6 + 3e-7 * total
+        want = rotate_half_reference(x, np.arange(start, total), definition)
+        assert np.abs(jit(x, tf.constant(start)).numpy() - want).max() <= tolerance, start
+
+
+def test_from_transformers_config_llama31_and_partial_rotary():
+    llama = {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        # the legacy "type" key, as older Llama configs have it
+        "rope_scaling": {
+            "type": "llama3",
+            **{k: v for k, v in LLAMA31.items() if k != "rope_type"},
+        },
+    }
+    layer = RotaryEmbedding.from_transformers_config(llama)
+    layer.build((None, None, 32, 128))
+    np.testing.assert_allclose(
+        layer.inverse_frequencies(), llama3_omega(500000.0, 8.0, 1.0, 4.0, 8192), rtol=1e-12
+    )
+    assert layer.max_wavelength == 500000.0 and layer.rotary_dim is None
+
+    neox = {  # transformers 5 style: everything under rope_parameters
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "max_position_embeddings": 2048,
+        "rope_parameters": {
+            "rope_type": "dynamic",
+            "factor": 2.0,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    }
+    layer = RotaryEmbedding.from_transformers_config(neox)
+    assert layer.rotary_dim == 16
+    assert layer.scaling == {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 2048}
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 5, 8, 64)).astype(np.float32)
+    y = layer(x).numpy()
+    np.testing.assert_array_equal(y[..., 16:], x[..., 16:])
+    want = rotate_half_reference(x[..., :16], np.arange(5), plain_omega(10000.0, 16))
+    assert np.abs(y[..., :16] - want).max() <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [
+        ({"rope_type": "ntk-by-parts", "factor": 2.0}, "expected one of"),
+        ({"rope_type": "llama3", "factor": 8.0}, "is missing"),
+        ({"rope_type": "linear", "factor": 2.0, "beta": 1}, "unknown keys"),
+        ({"rope_type": "linear", "factor": -2.0}, "must be > 0"),
+        ({**LONGROPE, "long_factor": [1.0] * 3}, "list of 64 positive numbers"),
+        ({"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings"),
+        ({"rope_type": "yarn"}, "needs 'factor'"),
+    ],
+)
+def test_bad_scaling_is_a_clear_error(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        layer_for(scaling, 10000.0)
+
+
+def test_scaling_survives_config_and_keras_file(tmp_path):
+    inputs = keras.Input((None, 2, HEAD_DIM))
+    outputs = RotaryEmbedding(scaling=LONGROPE, name="rope")(inputs)
+    model = keras.Model(inputs, outputs)
+    path = tmp_path / "rope.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.get_layer("rope").scaling == LONGROPE
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 5, 2, HEAD_DIM)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())
+    clone = RotaryEmbedding.from_config(model.get_layer("rope").get_config())
+    assert clone.get_config() == model.get_layer("rope").get_config()
+
+
+def test_left_padded_batch_rotates_real_tokens_as_unpadded():
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(1, 50, (1, 6))
+    padded = np.concatenate([np.zeros((1, 3), int), tokens], axis=1)  # three pads on the left
+    embed = keras.layers.Embedding(50, 2 * 16, mask_zero=True)
+    rope = RotaryEmbedding(positions_from_mask=True)
+
+    def run(ids):
+        heads = tf.reshape(embed(ids), (1, -1, 2, 16))
+        return rope(heads, mask=embed.compute_mask(ids)).numpy()
+
+    np.testing.assert_allclose(run(padded)[:, 3:], run(tokens), atol=1e-6)
+
+
+def test_rotary_attention_positions_from_mask_matches_unpadded():
+    keras.utils.set_random_seed(1)
+    embed = keras.layers.Embedding(50, 32, mask_zero=True)
+    attention = RotaryMultiHeadAttention(num_heads=2, key_dim=16, positions_from_mask=True)
+    tokens = np.random.default_rng(7).integers(1, 50, (1, 5))
+    padded = np.concatenate([np.zeros((1, 2), int), tokens], axis=1)
+
+    def run(ids):
+        x = embed(ids)
+        return attention(x, x, use_causal_mask=True).numpy()
+
+    np.testing.assert_allclose(run(padded)[:, 2:], run(tokens), atol=1e-5)
+
+
+def test_decoding_one_token_at_a_time_equals_the_full_causal_pass():
+    """Token by token (query_start_index = t, keys 0..t) equals the full causal pass."""
+    keras.utils.set_random_seed(0)
+    embedding = keras.layers.Embedding(40, 32)
+    attention = RotaryMultiHeadAttention(
+        num_heads=2, key_dim=16, rotary_scaling={"rope_type": "linear", "factor": 2.0}
+    )
+    rope = RotaryEmbedding()
+    ids = np.random.default_rng(6).integers(0, 40, (1, 12))
+    states = embedding(ids)
+    full = attention(states, states, use_causal_mask=True).numpy()
+    full_rope = rope(tf.reshape(states, (1, 12, 2, 16))).numpy()
+
+    @tf.function(jit_compile=True)
+    def step(token_state, history, t):
+        out = attention(token_state, history, query_start_index=t)
+        return out, rope(tf.reshape(token_state, (1, 1, 2, 16)), start_index=t)
+
+    for t in range(12):
+        token_state = states[:, t : t + 1]
+        eager, eager_rope = (
+            attention(token_state, states[:, : t + 1], query_start_index=t).numpy(),
+            rope(tf.reshape(token_state, (1, 1, 2, 16)), start_index=t).numpy(),
+        )
+        compiled, compiled_rope = step(token_state, states[:, : t + 1], tf.constant(t))
+        for got, got_rope in ((eager, eager_rope), (compiled.numpy(), compiled_rope.numpy())):
+            assert np.abs(got - full[:, t : t + 1]).max() <= 1e-5, t
+            assert np.abs(got_rope - full_rope[:, t : t + 1]).max() <= 1e-6, t
