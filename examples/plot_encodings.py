@@ -1,0 +1,207 @@
+"""Figures of the encodings: the sinusoidal table, its relative-distance property, the
+wavelengths per channel pair, and the RoPE attention score against relative distance.
+
+The arrays come from the package's own layers and tables (`figure_data`); matplotlib, an
+optional extra (`pip install "keras-posenc[plot]"`), is needed only to draw them.
+
+Run it:
+
+    python examples/plot_encodings.py                # writes docs/*.png
+    python examples/plot_encodings.py --out figures  # somewhere else
+    python examples/plot_encodings.py --tiny         # small tables (or KERAS_POSENC_EXAMPLE_TINY=1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+from keras_posenc import RotaryEmbedding, inverse_frequencies, sinusoidal_table  # noqa: E402
+
+TINY_ENVIRONMENT_VARIABLE = "KERAS_POSENC_EXAMPLE_TINY"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """The tables the figures show."""
+
+    length: int  # positions in the heatmap
+    width: int  # channels of the sinusoidal encoding
+    max_offset: int  # relative distances -max_offset .. max_offset
+    anchors: tuple[int, ...]  # absolute positions the relative curves start from
+    head_dim: int  # channels of the rotated query and key
+    max_wavelength: float = 10000.0
+
+
+FULL = Size(length=128, width=128, max_offset=128, anchors=(128, 4000, 100_000), head_dim=64)
+TINY = Size(length=16, width=16, max_offset=8, anchors=(8, 4090), head_dim=8)
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureData:
+    """What the four figures plot.
+
+    Attributes:
+        table: the sinusoidal encoding `P`, `(length, width)`, interleaved layout.
+        offsets: relative distances `j - i`, `(2·max_offset + 1,)`.
+        dot_products: `{anchor i: p_i·p_(i + offset) for each offset}`.
+        wavelengths: `λ_k = 2π/ω_k` for each channel pair `k`, `(width/2,)`.
+        rope_scores: `{anchor i: RoPE(q, i)·RoPE(k, i + offset) for each offset}` with
+            all-ones `q` and `k` of `head_dim` channels (the RoFormer paper's decay plot).
+        max_wavelength: the base of the frequencies.
+    """
+
+    table: np.ndarray
+    offsets: np.ndarray
+    dot_products: dict[int, np.ndarray]
+    wavelengths: np.ndarray
+    rope_scores: dict[int, np.ndarray]
+    max_wavelength: float
+
+
+def relative_dot_products(size: Size) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """`p_i·p_(i + offset)` for each anchor `i`: the curves coincide (they depend on the offset)."""
+    offsets = np.arange(-size.max_offset, size.max_offset + 1)
+    dot_products = {}
+    for anchor in size.anchors:
+        rows = sinusoidal_table(anchor + size.max_offset + 1, size.width, size.max_wavelength)
+        dot_products[anchor] = rows[anchor + offsets] @ rows[anchor]
+    return offsets, dot_products
+
+
+def rope_scores(size: Size) -> dict[int, np.ndarray]:
+    """All-ones query at position `i` against all-ones keys at `i + offset`, rotated by RoPE."""
+    rope = RotaryEmbedding(max_wavelength=size.max_wavelength)
+    ones = np.ones((1, 2 * size.max_offset + 1, size.head_dim), dtype=np.float32)
+    scores = {}
+    for anchor in size.anchors:
+        query = np.asarray(rope(ones[:, :1], start_index=anchor))[0, 0]
+        keys = np.asarray(rope(ones, start_index=anchor - size.max_offset))[0]
+        scores[anchor] = keys @ query
+    return scores
+
+
+def figure_data(tiny: bool = False) -> FigureData:
+    """The arrays of every figure, from the package's tables and layers (no matplotlib)."""
+    size = TINY if tiny else FULL
+    if min(size.anchors) < size.max_offset:
+        raise ValueError("Every anchor must be >= max_offset so that positions stay >= 0.")
+    offsets, dot_products = relative_dot_products(size)
+    return FigureData(
+        table=sinusoidal_table(size.length, size.width, size.max_wavelength),
+        offsets=offsets,
+        dot_products=dot_products,
+        wavelengths=2 * np.pi / inverse_frequencies(size.width, size.max_wavelength),
+        rope_scores=rope_scores(size),
+        max_wavelength=size.max_wavelength,
+    )
+
+
+def draw_figures(data: FigureData, out: Path) -> list[Path]:
+    """Writes the four PNG figures into `out` and returns their paths."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(
+            'Drawing the figures needs matplotlib: pip install "keras-posenc[plot]" '
+            "(or pip install matplotlib)."
+        ) from error
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    out.mkdir(parents=True, exist_ok=True)
+    length, width = data.table.shape
+    written = []
+
+    def save(figure, name: str) -> None:
+        # Written whole or not at all: draw into a temporary file, then rename it.
+        path = out / name
+        with tempfile.NamedTemporaryFile(dir=out, suffix=".png", delete=False) as temporary:
+            figure.savefig(temporary, format="png", dpi=100)
+        os.chmod(temporary.name, 0o644)  # NamedTemporaryFile makes it private (0600)
+        os.replace(temporary.name, path)
+        pyplot.close(figure)
+        written.append(path)
+
+    figure, axes = pyplot.subplots(figsize=(6.4, 4.2))
+    image = axes.imshow(
+        data.table, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, interpolation="nearest"
+    )
+    axes.set(
+        xlabel="channel (even: sin, odd: cos)",
+        ylabel="position i",
+        title=f"Sinusoidal encoding P, {length} positions × {width} channels",
+    )
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    save(figure, "sinusoidal_table.png")
+
+    figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
+    for (anchor, dots), style in zip(data.dot_products.items(), ("-", "--", ":"), strict=False):
+        axes.plot(data.offsets, dots, style, linewidth=1.5, label=f"i = {anchor:,}")
+    axes.set(
+        xlabel="relative distance j − i",
+        ylabel="p_i · p_j",
+        title="The dot product depends on j − i only",
+    )
+    axes.legend(title="anchor position")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    save(figure, "sinusoidal_dot_product.png")
+
+    figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
+    pairs = np.arange(len(data.wavelengths))
+    base = f"{data.max_wavelength:g}"
+    axes.semilogy(pairs, data.wavelengths, "o", markersize=3)
+    axes.axhline(2 * np.pi, color="gray", linewidth=0.8, linestyle="--")
+    axes.set(
+        xlabel="channel pair k (channels 2k, 2k+1)",
+        ylabel="wavelength λ_k (positions)",
+        title=f"λ_k = 2π · {base}^(2k/d), d = {width}: from 2π to about 2π·{base}",
+    )
+    axes.grid(alpha=0.3, which="both")
+    figure.tight_layout()
+    save(figure, "sinusoidal_wavelengths.png")
+
+    figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
+    for (anchor, scores), style in zip(data.rope_scores.items(), ("-", "--", ":"), strict=False):
+        axes.plot(data.offsets, scores, style, linewidth=1.5, label=f"i = {anchor:,}")
+    axes.set(
+        xlabel="relative distance j − i",
+        ylabel="RoPE(q, i) · RoPE(k, j)",
+        title="RoPE attention score (q = k = all ones) depends on j − i only",
+    )
+    axes.legend(title="query position")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    save(figure, "rope_score.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DOCS, help="folder for the PNG files")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        default=os.environ.get(TINY_ENVIRONMENT_VARIABLE, "") not in ("", "0"),
+        help=f"small tables (also {TINY_ENVIRONMENT_VARIABLE}=1)",
+    )
+    args = parser.parse_args(argv)
+    written = draw_figures(figure_data(tiny=args.tiny), args.out)
+    for path in written:
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
+    return written
+
+
+if __name__ == "__main__":
+    main()
