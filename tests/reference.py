@@ -86,9 +86,11 @@ def rotary(
 
 
 def softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
-    shifted = scores - scores.max(axis=axis, keepdims=True)
-    exponentials = np.exp(shifted)
-    return exponentials / exponentials.sum(axis=axis, keepdims=True)
+    """Softmax along `axis`; NaN where every score is -inf (a row the mask blocks entirely)."""
+    with np.errstate(invalid="ignore"):
+        shifted = scores - scores.max(axis=axis, keepdims=True)
+        exponentials = np.exp(shifted)
+        return exponentials / exponentials.sum(axis=axis, keepdims=True)
 
 
 def multi_head_attention(
@@ -110,7 +112,8 @@ def multi_head_attention(
             bias counts as zero.
         rotate: optional `rotate(projected, "query" | "key")` applied to the projected
             queries and keys `(batch, steps, heads, key_dim)` before the dot product.
-        attention_mask: optional boolean `(batch, T, S)`: False blocks attention.
+        attention_mask: optional boolean `(batch, T, S)`: False blocks attention (rows
+            blocked entirely come out NaN: attention defines nothing for them).
 
     Returns:
         `(output (batch, T, out), scores (batch, heads, T, S))`.

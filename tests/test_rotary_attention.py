@@ -1,0 +1,337 @@
+"""`RotaryMultiHeadAttention` against multi-head attention written by hand in float64."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import reference
+import tensorflow as tf
+
+from keras_posenc import RotaryMultiHeadAttention
+
+HEADS, KEY_DIM, WIDTH = 2, 8, 12
+TOLERANCE = 1e-5
+
+
+def _weights(layer) -> dict:
+    """The layer's projections as the float64 arrays `reference.multi_head_attention` takes."""
+    weights = {}
+    for name, dense in [
+        ("query", layer.query_dense),
+        ("key", layer.key_dense),
+        ("value", layer.value_dense),
+        ("output", layer.output_dense),
+    ]:
+        weights[name + "_kernel"] = keras.ops.convert_to_numpy(dense.kernel).astype(np.float64)
+        if dense.bias is not None:
+            weights[name + "_bias"] = keras.ops.convert_to_numpy(dense.bias).astype(np.float64)
+    return weights
+
+
+def _expected(layer, query, value, *, key=None, query_positions, key_positions, **options):
+    """The float64 reference with the layer's weights and rotation settings."""
+    rotation = {
+        "max_wavelength": layer.rotary_embedding.max_wavelength,
+        "layout": layer.rotary_embedding.layout,
+        "rotary_dim": layer.rotary_embedding.rotary_dim,
+    }
+    positions = {"query": query_positions, "key": key_positions}
+
+    def rotate(projected, which):
+        return reference.rotary(projected, positions[which], **rotation)
+
+    return reference.multi_head_attention(
+        query, value, _weights(layer), key=key, rotate=rotate, **options
+    )
+
+
+def _normal(shape, seed):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def _causal(query_length, key_length, batch=2):
+    return np.broadcast_to(
+        np.tri(query_length, key_length, dtype=bool), (batch, query_length, key_length)
+    )
+
+
+@pytest.mark.parametrize(
+    "layer_arguments",
+    [
+        {},
+        {"rotary_layout": "interleaved"},
+        {"rotary_dim": 4, "max_wavelength": 500000.0},
+        {"use_bias": False, "value_dim": 5, "output_shape": 7},
+    ],
+    ids=["half", "interleaved", "partial", "no-bias"],
+)
+def test_self_attention_matches_the_reference(in_mode, layer_arguments):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM, **layer_arguments)
+    attend = in_mode(
+        lambda x: layer(x, x, return_attention_scores=True), [tf.TensorSpec([None, None, WIDTH])]
+    )
+    x = _normal((2, 9, WIDTH), seed=0)
+    outputs, scores = attend(tf.constant(x))
+    expected, expected_scores = _expected(
+        layer, x, x, query_positions=np.arange(9), key_positions=np.arange(9)
+    )
+    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+
+
+def test_cross_attention_with_positions_and_masks_matches_the_reference(in_mode):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_dim=6)
+    signature = [
+        tf.TensorSpec([None, None, WIDTH]),
+        tf.TensorSpec([None, None, 10]),
+        tf.TensorSpec([None, None, 10]),
+        tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None, None, None], tf.bool),
+    ]
+
+    def call(query, value, key, query_positions, key_positions, mask):
+        return layer(
+            query,
+            value,
+            key=key,
+            query_positions=query_positions,
+            key_positions=key_positions,
+            attention_mask=mask,
+            return_attention_scores=True,
+        )
+
+    query, value, key = _normal((2, 5, WIDTH), 1), _normal((2, 7, 10), 2), _normal((2, 7, 10), 3)
+    query_positions = np.array([[10, 11, 12, 13, 14], [70000, 70001, 3, 2, 1]])
+    key_positions = np.array([0, 5, 9, 10, 11, 12, 2**23])
+    mask = np.random.default_rng(4).random((2, 5, 7)) < 0.7
+    mask[..., 0] = True  # every query sees at least one key
+    outputs, scores = in_mode(call, signature)(
+        query, value, key, query_positions, key_positions, tf.constant(mask)
+    )
+    expected, expected_scores = _expected(
+        layer,
+        query,
+        value,
+        key=key,
+        query_positions=query_positions,
+        key_positions=key_positions,
+        attention_mask=mask,
+    )
+    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+
+
+def test_start_indices_and_causal_mask_match_the_reference(in_mode):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    attend = in_mode(
+        lambda q, v, s, t: layer(
+            q, v, query_start_index=s, key_start_index=t, use_causal_mask=True
+        ),
+        [
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([], tf.int32),
+        ],
+    )
+    query, value = _normal((2, 6, WIDTH), 5), _normal((2, 6, WIDTH), 6)
+    for query_start, key_start in [(0, 0), (4093, 4090), (100000, 99999)]:
+        outputs = attend(query, value, tf.constant(query_start), tf.constant(key_start))
+        expected, _ = _expected(
+            layer,
+            query,
+            value,
+            query_positions=np.arange(query_start, query_start + 6),
+            key_positions=np.arange(key_start, key_start + 6),
+            attention_mask=_causal(6, 6),
+        )
+        np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
+
+
+def test_scores_depend_only_on_the_relative_position():
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = _normal((1, 8, WIDTH), 7)
+    outputs, scores = layer(x, x, return_attention_scores=True)
+    for shift in [1, 4093, 99991, 2**23]:
+        shifted, shifted_scores = layer(
+            x, x, query_start_index=shift, key_start_index=shift, return_attention_scores=True
+        )
+        np.testing.assert_allclose(shifted_scores, scores, rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(shifted, outputs, rtol=0, atol=TOLERANCE)
+    # A shift of the keys alone changes them.
+    _, key_shifted = layer(x, x, key_start_index=3, return_attention_scores=True)
+    assert np.abs(key_shifted - scores).max() > 1e-3
+
+
+def test_attention_is_not_permutation_equivariant_unless_positions_move_with_the_rows():
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = _normal((1, 6, WIDTH), 8)
+    permutation = np.array([3, 0, 5, 1, 4, 2])
+    outputs = layer(x, x).numpy()
+    permuted = layer(x[:, permutation], x[:, permutation]).numpy()
+    assert np.abs(permuted - outputs[:, permutation]).max() > 1e-2
+    # Each row keeps its own position: the permuted rows give the permuted outputs.
+    with_positions = layer(
+        x[:, permutation],
+        x[:, permutation],
+        query_positions=permutation,
+        key_positions=permutation,
+    )
+    np.testing.assert_allclose(with_positions, outputs[:, permutation], rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("mode", ["function", "jit"])
+def test_decoding_with_a_cache_equals_the_full_causal_pass(in_mode):
+    # One token at step t (query_start_index=t) against the states of steps 0..t.
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = _normal((2, 5, WIDTH), 9)
+    full = layer(x, x, use_causal_mask=True).numpy()
+    step = in_mode(
+        lambda token, states, t: layer(token, states, query_start_index=t),
+        [
+            tf.TensorSpec([None, 1, WIDTH]),
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([], tf.int32),
+        ],
+    )
+    for t in range(5):
+        outputs = step(x[:, t : t + 1], x[:, : t + 1], tf.constant(t))
+        np.testing.assert_allclose(outputs[:, 0], full[:, t], rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("mode", ["function", "jit"])
+def test_graphs_have_no_float64_no_sin_cos_and_capture_only_variables(mode, traced_graph):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    layer(tf.zeros((1, 3, WIDTH)), tf.zeros((1, 3, WIDTH)))
+    traced = tf.function(
+        lambda q, v, s: layer(q, v, query_start_index=s, key_start_index=s),
+        input_signature=[
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([], tf.int32),
+        ],
+        jit_compile=mode == "jit",
+    )
+    concrete = traced.get_concrete_function()
+    op_types, dtypes = traced_graph(concrete)
+    assert tf.float64 not in dtypes
+    assert not op_types & {"Sin", "Cos"}
+    assert all(t.dtype == tf.resource for t in concrete.captured_inputs)
+    assert len(concrete.captured_inputs) == len(layer.weights)
+
+
+# --- Keras conventions -------------------------------------------------------------------
+
+
+def test_keras_masks_are_used_and_passed_on():
+    ids = np.array([[3, 1, 4, 1, 0, 0], [2, 7, 0, 0, 0, 0]])
+    embedded = keras.layers.Embedding(10, WIDTH, mask_zero=True)(ids)
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    outputs = layer(embedded, embedded)
+    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
+    x = keras.ops.convert_to_numpy(embedded)
+    padding = ids != 0
+    mask = padding[:, :, None] & padding[:, None, :]
+    expected, _ = _expected(
+        layer, x, x, query_positions=np.arange(6), key_positions=np.arange(6), attention_mask=mask
+    )
+    # Rows of padded queries are not defined by the mask; compare the real tokens only.
+    np.testing.assert_allclose(outputs.numpy()[padding], expected[padding], rtol=0, atol=TOLERANCE)
+
+
+def test_compute_output_shape():
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    assert tuple(layer.compute_output_shape((2, 5, WIDTH), (2, 7, 10))) == (2, 5, WIDTH)
+    query, value = keras.Input((None, WIDTH)), keras.Input((None, 10))
+    assert tuple(layer(query, value).shape) == (None, None, WIDTH)
+
+
+def test_config_round_trip():
+    layer = RotaryMultiHeadAttention(
+        3,
+        4,
+        value_dim=6,
+        dropout=0.1,
+        max_wavelength=500.0,
+        rotary_layout="interleaved",
+        rotary_dim=2,
+        name="attention",
+    )
+    config = layer.get_config()
+    clone = RotaryMultiHeadAttention.from_config(config)
+    assert clone.get_config() == config
+    assert (clone.num_heads, clone.key_dim, clone.value_dim) == (3, 4, 6)
+    rope = clone.rotary_embedding
+    assert (rope.max_wavelength, rope.layout, rope.rotary_dim) == (500.0, "interleaved", 2)
+
+
+def test_keras_file_round_trip(tmp_path):
+    inputs = keras.Input((None, WIDTH))
+    attention = RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_layout="interleaved", rotary_dim=4)
+    model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True))
+    path = tmp_path / "attention.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    layer = next(la for la in loaded.layers if isinstance(la, RotaryMultiHeadAttention))
+    assert (layer.rotary_embedding.layout, layer.rotary_embedding.rotary_dim) == ("interleaved", 4)
+    x = _normal((2, 9, WIDTH), 10)
+    np.testing.assert_array_equal(loaded(x), model(x))
+    expected, _ = _expected(
+        layer,
+        x,
+        x,
+        query_positions=np.arange(9),
+        key_positions=np.arange(9),
+        attention_mask=_causal(9, 9),
+    )
+    np.testing.assert_allclose(loaded(x), expected, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_computes_in_the_compute_dtype(policy):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM, dtype=policy)
+    x = _normal((2, 6, WIDTH), 11)
+    outputs = layer(x, x, query_start_index=5000, key_start_index=5000)
+    assert outputs.dtype == tf.as_dtype(policy.removeprefix("mixed_"))
+    assert all(w.dtype == "float32" for w in layer.weights)
+    expected, _ = _expected(
+        layer, x, x, query_positions=np.arange(5000, 5006), key_positions=np.arange(5000, 5006)
+    )
+    tolerance = 0.1 if policy == "mixed_bfloat16" else 2e-2
+    np.testing.assert_allclose(outputs.numpy().astype(np.float64), expected, rtol=0, atol=tolerance)
+
+
+# --- Errors ------------------------------------------------------------------------------
+
+
+def test_attention_axes_other_than_the_sequence_are_an_error():
+    with pytest.raises(ValueError, match=r"attention_axes=\(1, 2\) is not supported"):
+        RotaryMultiHeadAttention(HEADS, KEY_DIM, attention_axes=(1, 2))
+
+
+def test_odd_key_dim_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"must be even.*got 7"):
+        RotaryMultiHeadAttention(HEADS, 7)(tf.zeros((1, 3, 4)), tf.zeros((1, 3, 4)))
+
+
+def test_rotary_dim_wider_than_the_head_is_an_error():
+    with pytest.raises(ValueError, match=r"rotary_dim=16 is larger than the feature axis \(8\)"):
+        RotaryMultiHeadAttention(HEADS, 8, rotary_dim=16)(tf.zeros((1, 3, 4)), tf.zeros((1, 3, 4)))
+
+
+def test_unknown_rotary_layout_is_an_error():
+    with pytest.raises(ValueError, match=r"Unknown layout 'concat'"):
+        RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_layout="concat")
+
+
+def test_bad_positions_are_errors_naming_the_value():
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = tf.zeros((1, 3, WIDTH))
+    with pytest.raises(ValueError, match=r"start_index must be >= 0, got -1"):
+        layer(x, x, query_start_index=-1)
+    with pytest.raises(ValueError, match=r"positions cover 2 steps but the input sequence has 3"):
+        layer(x, x, key_positions=[0, 1])
+    with pytest.raises(TypeError, match=r"positions must be integers"):
+        layer(x, x, query_positions=[0.0, 1.0, 2.0])
