@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import keras
 import ml_dtypes
 import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from conftest import POSITION_KINDS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,8 +37,28 @@ def _uniform(shape, seed=0, dtype=np.float32):
     return np.random.default_rng(seed).uniform(-1, 1, shape).astype(dtype)
 
 
-@pytest.mark.parametrize("form", INPUT_FORMS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+def _rotation_cases():
+    """Every (layout, form, position kind) eagerly; in graphs, each kind for two of them.
+
+    A trace (and an XLA compilation) per case costs a few tenths of a second, so the graph
+    modes take a covering subset rather than the full product.
+    """
+    cases = []
+    for index, (layout, form) in enumerate(itertools.product(LAYOUTS, INPUT_FORMS)):
+        kinds = {
+            "eager": POSITION_KINDS,
+            "function": [POSITION_KINDS[index % len(POSITION_KINDS)]],
+            "jit": [POSITION_KINDS[(index + 2) % len(POSITION_KINDS)]],
+        }
+        for mode, mode_kinds in kinds.items():
+            cases += [
+                pytest.param(mode, layout, form, kind, id=f"{mode}-{layout}-{form}-{kind}")
+                for kind in mode_kinds
+            ]
+    return cases
+
+
+@pytest.mark.parametrize(("mode", "layout", "form", "position_kind"), _rotation_cases())
 def test_rotation_matches_the_formula(in_mode, positions_case, position_kind, layout, form):
     shape, layer_arguments, reference_arguments = INPUT_FORMS[form]
     sequence_axis = layer_arguments.get("sequence_axis", 1)
