@@ -1,0 +1,5 @@
+"""`python -m export`: export and verify the default encoders (or `--model PATH.keras`)."""
+
+from export.cli import main
+
+raise SystemExit(main())

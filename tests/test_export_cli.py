@@ -1,0 +1,134 @@
+"""The export job, `python -m export`: artifacts, report, table and exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import onnx
+import pytest
+
+from keras_posenc import SinusoidalPositionalEncoding
+from keras_posenc import export as kpe
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the repository
+    sys.path.insert(0, str(REPOSITORY))
+
+from export.cli import main  # noqa: E402
+
+SMALL_GRID = ["--batch-sizes", "1,2", "--sequence-lengths", "3,17", "--repeats", "1"]
+
+
+def test_python_m_export_writes_verifies_and_reports(tmp_path):
+    out = tmp_path / "artifacts"
+    result = subprocess.run(
+        [sys.executable, "-m", "export", "--encoder", "learned", "--out", str(out), *SMALL_GRID],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for step in ("built", "SavedModel written", "ONNX opset 17 written", "verifying"):
+        assert any(line.startswith("[1/1] learned: " + step) for line in lines), step
+    rows = [line.split() for line in lines if line.startswith("learned ")]
+    assert [row[1] for row in rows] == ["keras", "saved_model", "onnxruntime"]
+    assert [row[-1] for row in rows[1:]] == ["pass", "pass"]
+
+    folder = out / "learned"
+    assert sorted(p.name for p in out.iterdir()) == ["learned"]  # no temporary folders left
+    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    report = json.loads((folder / "report.json").read_text())
+    assert report["passed"] is True
+    assert report["opset"] == 17
+    # every batch size with every length, and the longest the learned table allows
+    shapes = {(case["batch"], case["sequence"]) for case in report["cases"]}
+    assert shapes == {(b, s) for b in (1, 2) for s in (3, 17, 512)}
+    assert report["summary"]["onnxruntime"]["max_abs_error"] <= 1e-5
+    assert report["summary"]["saved_model"]["max_abs_error"] <= 1e-6
+    onnx.checker.check_model(onnx.load(str(folder / "model.onnx")), full_check=True)
+
+
+@pytest.fixture
+def keras_file(tmp_path):
+    inputs = keras.Input((None, 8), name="embeddings")
+    outputs = keras.layers.Dense(4)(SinusoidalPositionalEncoding()(inputs))
+    path = tmp_path / "my_model.keras"
+    keras.Model(inputs, outputs).save(path)
+    return path
+
+
+def test_model_option_exports_a_saved_keras_model(keras_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    status = main(
+        ["--model", str(keras_file), "--max-length", "40", "--out", str(out), *SMALL_GRID]
+    )
+    assert status == 0, capsys.readouterr().out
+    report = json.loads((out / "my_model" / "report.json").read_text())
+    assert report["passed"] and report["longest_sequence"] == 40
+    assert {case["sequence"] for case in report["cases"]} == {3, 17, 40}
+
+
+def test_failed_verification_leaves_artifacts_and_exits_1(keras_file, tmp_path, monkeypatch):
+    convert = kpe.onnx_model
+
+    def perturbed(model, opset=kpe.DEFAULT_OPSET):
+        proto = convert(model, opset)
+        (kernel,) = [i for i in proto.graph.initializer if tuple(i.dims) == (8, 4)]
+        values = onnx.numpy_helper.to_array(kernel) + np.float32(1e-3)
+        kernel.CopyFrom(onnx.numpy_helper.from_array(values, kernel.name))
+        return proto
+
+    monkeypatch.setattr(kpe, "onnx_model", perturbed)
+    out = tmp_path / "out"
+    assert main(["--model", str(keras_file), "--out", str(out), *SMALL_GRID]) == 1
+    folder = out / "my_model"
+    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    report = json.loads((folder / "report.json").read_text())
+    assert report["passed"] is False
+    assert report["summary"]["onnxruntime"]["passed"] is False
+    assert report["summary"]["saved_model"]["passed"] is True
+
+
+def test_failed_export_writes_nothing_and_exits_1(tmp_path, capsys):
+    inputs = keras.Input((None, 4), name="embeddings")
+    path = tmp_path / "exact_gelu.keras"
+    keras.Model(inputs, keras.layers.Activation("gelu")(inputs)).save(path)  # Erfc: no ONNX
+    out = tmp_path / "out"
+    assert main(["--model", str(path), "--out", str(out), *SMALL_GRID]) == 1
+    output = capsys.readouterr().out
+    assert "ERROR ExportError" in output and "Erfc" in output
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--opset", "23"], "--opset 23 is not supported"),
+        (["--model", "/nonexistent/model.keras"], "no such file"),
+        (["--batch-sizes", "0,2"], "positive integers"),
+        (["--encoder", "nope"], "invalid choice"),
+        (["--max-length", "10"], "--max-length is for --model"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(arguments, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*arguments, "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_out_folder(capsys):
+    # /sys refuses new folders even to root.
+    assert main(["--encoder", "learned", "--out", "/sys/keras_posenc_artifacts"]) == 1
+    assert "cannot create --out /sys/keras_posenc_artifacts" in capsys.readouterr().err
+    assert not Path("/sys/keras_posenc_artifacts").exists()
