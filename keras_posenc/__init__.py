@@ -4,13 +4,25 @@ Every layer takes its sin/cos from one shared frequency table (`keras_posenc.fre
 computed in float64 on the host and rounded once, so values are exact at any position.
 """
 
-import keras
+_BACKEND_HINT = (
+    "Set the environment variable KERAS_BACKEND=tensorflow before Python starts "
+    "(or before the first `import keras`)."
+)
+
+try:
+    import keras
+except ImportError as error:
+    # Keras imports its backend on import: on another backend whose dependencies are
+    # missing (numpy needs scipy, jax needs jax) it fails before the check below can run.
+    raise ImportError(
+        f"keras_posenc needs the TensorFlow backend of Keras, and Keras failed to import: "
+        f"{error}. {_BACKEND_HINT}"
+    ) from error
 
 if keras.backend.backend() != "tensorflow":
     raise ImportError(
         "keras_posenc needs the TensorFlow backend of Keras, but Keras is running on "
-        f"{keras.backend.backend()!r}. Set the environment variable KERAS_BACKEND=tensorflow "
-        "before Python starts (or before the first `import keras`)."
+        f"{keras.backend.backend()!r}. {_BACKEND_HINT}"
     )
 
 from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402

@@ -44,6 +44,16 @@ def inverse_frequencies(dim: int, max_wavelength: float = 10000.0) -> np.ndarray
     return max_wavelength ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
 
 
+def accumulation_dtype(dtype) -> tf.DType:
+    """The dtype a layer combines its input with its tables in: float32 or wider.
+
+    float16 / bfloat16 inputs are widened so that the result is rounded once, when it is
+    cast back to the input dtype; float32 and float64 inputs are used as they are.
+    """
+    dtype = tf.as_dtype(dtype)
+    return dtype if dtype.size >= 4 else tf.float32
+
+
 def checked_even_width(width, name: str = "width") -> int:
     """`width` as a positive even int, or a ValueError that says why it must be."""
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
@@ -120,14 +130,14 @@ def lookup_sin_cos(
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
-def _in_xla_context() -> bool:
+def in_xla_context() -> bool:
     """Whether the graph being traced will be compiled by XLA (`jit_compile=True`)."""
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
     """Rows `start .. start + length - 1` of `table`; `start` an int or a scalar int32 tensor."""
-    if tf.is_tensor(start) and _in_xla_context():
+    if tf.is_tensor(start) and in_xla_context():
         # XLA makes a slice's start a compile-time constant (one compilation per decoding
         # step); a gather of a run of rows compiles once and fuses with its consumer.
         return tf.gather(table, tf.range(length) + start)

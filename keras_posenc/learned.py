@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import slice_rows
+from keras_posenc.frequencies import accumulation_dtype, slice_rows
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.sinusoidal import SinusoidalInitializer
 
@@ -105,6 +105,9 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             regularizer=self.embeddings_regularizer,
             constraint=self.embeddings_constraint,
             name="embeddings",
+            # Read in the variable dtype (float32 under mixed policies): `call` adds in
+            # float32 and rounds the sum once.
+            autocast=False,
         )
 
     def call(self, inputs, positions=None, start_index=0):
@@ -117,7 +120,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             limit_hint="build the layer with a larger max_length, or call "
             "resize(new_max_length) to interpolate the table.",
         )
-        return inputs + tf.cast(embedding, inputs.dtype)
+        wide = accumulation_dtype(inputs.dtype)
+        return tf.cast(tf.cast(inputs, wide) + tf.cast(embedding, wide), inputs.dtype)
 
     def resize(self, new_max_length: int) -> None:
         """Grows or shrinks the table to `new_max_length` rows by linear interpolation.

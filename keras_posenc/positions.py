@@ -14,6 +14,8 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.frequencies import in_xla_context
+
 
 class RowTable(Protocol):
     def slice(self, start, length) -> tuple[tf.Tensor, ...]: ...
@@ -127,6 +129,17 @@ def positions_from_mask(mask: tf.Tensor, start_index=0) -> tf.Tensor:
     return counted + checked_start_index(start_index)
 
 
+def _poisoned_under_xla(rows: tuple, valid) -> tuple:
+    """`rows`, or NaN in their place when `valid` is False and the graph is compiled by XLA.
+
+    XLA compiles assertions to nothing and clamps out-of-range gathers, so a bad position
+    would give a plausible wrong row; NaN makes the bad input impossible to miss.
+    """
+    if tf.get_static_value(valid) is not None or not in_xla_context():
+        return rows
+    return tuple(tf.where(valid, row, tf.constant(float("nan"), row.dtype)) for row in rows)
+
+
 def position_rows(
     table: RowTable,
     length,
@@ -166,7 +179,9 @@ def position_rows(
                 f"{limit}; {limit_hint}"
             ),
         )
-        return table.gather(_after(checks, tf.cast(positions, tf.int32)))
+        valid = (tf.reduce_min(positions) >= 0) & (tf.reduce_max(positions) < limit)
+        rows = table.gather(_after(checks, tf.cast(positions, tf.int32)))
+        return _poisoned_under_xla(rows, valid)
     start = checked_start_index(start_index)
     checks = _check(
         lambda end: end <= limit,
@@ -176,4 +191,5 @@ def position_rows(
             f"stay within {limit}; {limit_hint}"
         ),
     )
-    return table.slice(_after(checks, start), length)
+    rows = table.slice(_after(checks, start), length)
+    return _poisoned_under_xla(rows, (start >= 0) & (start + length <= limit))

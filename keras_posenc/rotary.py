@@ -18,6 +18,7 @@ from keras_posenc.frequencies import (
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
+    accumulation_dtype,
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
@@ -219,21 +220,23 @@ class RotaryEmbedding(keras.layers.Layer):
         broadcast_shape = [1] * rank
         for table_axis, input_axis in enumerate(table_axes):
             broadcast_shape[input_axis] = static_dim(cos_table, table_axis)
-        cos_table = tf.cast(tf.reshape(cos_table, broadcast_shape), inputs.dtype)
-        sin_table = tf.cast(tf.reshape(sin_table, broadcast_shape), inputs.dtype)
+        # float16 / bfloat16 inputs rotate in float32: the result is rounded once.
+        wide = accumulation_dtype(inputs.dtype)
+        cos_table = tf.cast(tf.reshape(cos_table, broadcast_shape), wide)
+        sin_table = tf.cast(tf.reshape(sin_table, broadcast_shape), wide)
+
+        def rotate(x):
+            x = tf.cast(x, wide)
+            rotated = x * cos_table + swap_pairs(x, self.layout, self._feature_axis) * sin_table
+            return tf.cast(rotated, inputs.dtype)
 
         head_dim = inputs.shape[self._feature_axis]
         if self._rotary_dim == head_dim:
-            return (
-                inputs * cos_table + swap_pairs(inputs, self.layout, self._feature_axis) * sin_table
-            )
+            return rotate(inputs)
         rotated, passed = tf.split(
             inputs, [self._rotary_dim, head_dim - self._rotary_dim], self._feature_axis
         )
-        rotated = (
-            rotated * cos_table + swap_pairs(rotated, self.layout, self._feature_axis) * sin_table
-        )
-        return tf.concat([rotated, passed], self._feature_axis)
+        return tf.concat([rotate(rotated), passed], self._feature_axis)
 
     @classmethod
     def from_transformers_config(cls, config, **kwargs) -> RotaryEmbedding:

@@ -10,6 +10,7 @@ from keras_posenc.frequencies import (
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
+    accumulation_dtype,
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
@@ -143,7 +144,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
         )
-        return inputs + tf.cast(encoding, inputs.dtype)
+        wide = accumulation_dtype(inputs.dtype)
+        return tf.cast(tf.cast(inputs, wide) + tf.cast(encoding, wide), inputs.dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
