@@ -101,17 +101,21 @@ def rotary_decoder(tmp_path_factory):
     return model, *export_all(model, tmp_path_factory.mktemp("rotary_decoder"))
 
 
+LEARNED_LENGTH = 8192  # past the 4096 cached rows of the other two layers
+
+
 @pytest.fixture(scope="module")
 def position_layers(tmp_path_factory):
-    """Sinusoidal and rotary layers alone: float inputs, a start index, two named outputs."""
+    """The three layers, each alone on its output: float inputs and a start index."""
     embeddings = keras.Input((None, 8), name="embeddings")
     heads = keras.Input((None, 2, 8), name="heads")
     start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
     encoded = SinusoidalPositionalEncoding()(embeddings, start_index=start)
+    learned = LearnedPositionalEmbedding(LEARNED_LENGTH)(embeddings, start_index=start)
     rotated = RotaryEmbedding()(heads, start_index=start)
     model = keras.Model(
         {"embeddings": embeddings, "heads": heads, "start_index": start},
-        {"encoded": encoded, "rotated": rotated},
+        {"encoded": encoded, "learned": learned, "rotated": rotated},
     )
     return model, *export_all(model, tmp_path_factory.mktemp("position_layers"))
 
@@ -127,7 +131,8 @@ def onnx_session(path: Path) -> onnxruntime.InferenceSession:
 @pytest.mark.parametrize("start", [0, 3, 5000])  # 5000: past the cached rows
 @pytest.mark.parametrize("sequence", [1, 17])
 def test_position_layers_in_onnxruntime_match_the_formulas(position_layers, start, sequence):
-    _, _, onnx_path = position_layers
+    model, _, onnx_path = position_layers
+    (table,) = model.get_weights()
     rng = np.random.default_rng(sequence)
     feeds = {
         "embeddings": rng.standard_normal((3, sequence, 8)).astype(np.float32),
@@ -142,6 +147,11 @@ def test_position_layers_in_onnxruntime_match_the_formulas(position_layers, star
     )
     np.testing.assert_allclose(
         outputs["rotated"], rotary_reference(feeds["heads"], start), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        outputs["learned"],
+        feeds["embeddings"].astype(np.float64) + table[start : start + sequence],
+        atol=1e-6,
     )
 
 
@@ -163,7 +173,7 @@ def test_multiple_inputs_and_named_outputs_keep_their_names(position_layers):
     _, _, onnx_path = position_layers
     graph = onnx.load(str(onnx_path)).graph
     assert [i.name for i in graph.input] == ["embeddings", "heads", "start_index"]
-    assert sorted(o.name for o in graph.output) == ["encoded", "rotated"]
+    assert sorted(o.name for o in graph.output) == ["encoded", "learned", "rotated"]
     start_index = next(i for i in graph.input if i.name == "start_index")
     assert len(start_index.type.tensor_type.shape.dim) == 0  # a scalar
 
@@ -172,6 +182,8 @@ def test_verify_passes_for_the_position_layers(position_layers):
     model, saved_model, onnx_path = position_layers
     report = kpe.verify_export(model, saved_model, onnx_path, **SMALL_GRID)
     assert report["passed"]
+    assert report["longest_sequence"] == LEARNED_LENGTH  # the learned table's length
+    assert {case["sequence"] for case in report["cases"]} == {2, 17, LEARNED_LENGTH}
     assert report["summary"]["onnxruntime"]["max_abs_error"] <= 1e-5
 
 
