@@ -79,12 +79,14 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out",
         type=Path,
+        metavar="DIR",
         default=ARTIFACTS,
         help="folder for the artifacts, one subfolder per model (default: export/artifacts)",
     )
     parser.add_argument(
         "--opset",
         type=int,
+        metavar="N",
         default=DEFAULT_OPSET,
         help=f"ONNX opset, {SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1} "
         f"(default {DEFAULT_OPSET})",
@@ -92,6 +94,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-length",
         type=_positive_integer,
+        metavar="N",
         help="the longest sequence --model allows, verified as well (default: its smallest "
         "learned position table, if any)",
     )
@@ -99,17 +102,21 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--batch-sizes",
         type=_positive_integers,
         default=BATCH_SIZES,
-        help="batch sizes to verify, comma-separated (default: %(default)s)",
+        metavar="N,N,...",
+        help=f"batch sizes to verify (default: {','.join(map(str, BATCH_SIZES))})",
     )
     parser.add_argument(
         "--sequence-lengths",
         type=_positive_integers,
         default=SEQUENCE_LENGTHS,
-        help="sequence lengths to verify, comma-separated (default: %(default)s)",
+        metavar="N,N,...",
+        help="sequence lengths to verify, with the longest the model allows "
+        f"(default: {','.join(map(str, SEQUENCE_LENGTHS))})",
     )
     parser.add_argument(
         "--repeats",
         type=_positive_integer,
+        metavar="N",
         default=7,
         help="timed calls per runtime and shape; latency is their median (default: 7)",
     )
@@ -142,7 +149,7 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
             return keras.saving.load_model(path)
 
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
-        return [Job(name, load, arguments.max_length, f"Keras model {path}")]
+        return [Job(name, load, arguments.max_length, f"loaded the Keras model {path}")]
     chosen = arguments.encoder or list(encoders.DEFAULT_ENCODERS)
     result = []
     for name in dict.fromkeys(chosen):
@@ -152,7 +159,8 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
                 name,
                 lambda spec=spec: encoders.build_encoder(spec),
                 spec.max_sequence_length,
-                f"{spec.position} encoder: vocabulary {spec.vocabulary_size}, width {spec.width}, "
+                f"built the {spec.position} encoder: vocabulary {spec.vocabulary_size}, "
+                f"width {spec.width}, "
                 f"{spec.num_heads} heads, {spec.num_blocks} blocks, feed-forward "
                 f"{spec.feed_forward_dim}, longest sequence {spec.max_sequence_length}",
             )
@@ -170,7 +178,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
 
     started = time.perf_counter()
     model = job.load()
-    log(f"built {job.description} ({model.count_params():,} parameters)")
+    log(f"{job.description} ({model.count_params():,} parameters)")
     model, notes = export.exportable_model(model, bfloat16="float32")
     for note in notes:
         log(note)
