@@ -131,6 +131,21 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
         finally:
             self._rotation = None
 
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        *args,
+        query_positions=None,
+        key_positions=None,
+        query_start_index=0,
+        key_start_index=0,
+        **kwargs,
+    ):
+        # Positions change values, not shapes (and the parent does not know them).
+        return super().compute_output_spec(query, value, key, *args, **kwargs)
+
     def _compute_attention(self, query, key, value, *args, **kwargs):
         query_positions, query_start_index, key_positions, key_start_index = self._rotation
         query = self.rotary_embedding(

@@ -335,3 +335,24 @@ def test_bad_positions_are_errors_naming_the_value():
         layer(x, x, key_positions=[0, 1])
     with pytest.raises(TypeError, match=r"positions must be integers"):
         layer(x, x, query_positions=[0.0, 1.0, 2.0])
+
+
+def test_position_arguments_work_in_the_functional_api():
+    """Positions given as symbolic inputs build a model that equals the eager call."""
+    states = keras.Input((None, 32))
+    start = keras.Input((), dtype="int32", batch_size=1)
+    attention = RotaryMultiHeadAttention(num_heads=2, key_dim=16)
+    outputs = attention(
+        states, states, query_start_index=start[0], key_start_index=start[0], use_causal_mask=True
+    )
+    model = keras.Model([states, start], outputs)
+    x = np.random.default_rng(0).normal(size=(1, 5, 32)).astype(np.float32)
+    eager = attention(x, x, query_start_index=7, key_start_index=7, use_causal_mask=True)
+    shifted = attention(x, x, use_causal_mask=True)
+    np.testing.assert_allclose(
+        model([x, np.array([7], np.int32)]).numpy(), eager.numpy(), atol=1e-6
+    )
+    # Same relative positions, same output: the start index is really used (and harmless).
+    np.testing.assert_allclose(eager.numpy(), shifted.numpy(), atol=1e-5)
+    with_positions = attention(x, x, query_positions=np.arange(5) * 3, use_causal_mask=True)
+    assert np.abs(with_positions.numpy() - shifted.numpy()).max() > 1e-3
