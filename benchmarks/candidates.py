@@ -12,6 +12,8 @@ Every candidate of a case does the same job on the same input:
 - `keras_hub`: `x + SinePositionEncoding()(x, start_index=s)`,
   `RotaryEmbedding()(x, start_index=s)`, `x + PositionEmbedding(L)(x, start_index=s)`
   (with the same table as ours).
+- `control`: the floor again, as a separate candidate. Identical work, so its ratio to
+  the floor is the measurement noise of that row.
 
 A start given as a tensor is an argument of the traced function (a runtime value, as in
 decoding with a cache); a Python int start is baked into the trace. The floor ignores the
@@ -31,7 +33,7 @@ from keras_posenc.frequencies import CACHED_POSITIONS, HostConstant
 
 LAYERS = ("sinusoidal", "rotary", "learned")
 MODES = ("eager", "function", "xla")
-CANDIDATES = ("floor", "ours", "keras_hub")
+CANDIDATES = ("floor", "control", "ours", "keras_hub")
 
 MAX_WAVELENGTH = 10000.0
 LEARNED_MAX_LENGTH = 1024
@@ -109,7 +111,7 @@ class Prepared:
     """A case's candidates as zero-argument calls, and each one's error against float64."""
 
     case: Case
-    calls: dict[str, Callable[[], tf.Tensor]]
+    calls: dict[str, Callable[..., tf.Tensor]]
     max_abs_error: dict[str, float]
 
 
@@ -156,9 +158,11 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 
 def swap_halves(x: tf.Tensor) -> tf.Tensor:
     """`[a, b] -> [b, a]` on the last axis, as a reshape, a reverse and a reshape."""
+    # Shapes and axes as numpy arrays: eagerly, a Python list costs a slow conversion.
     shape = x.shape.as_list()
-    paired = tf.reshape(x, shape[:-1] + [2, shape[-1] // 2])
-    return tf.reshape(tf.reverse(paired, [-2]), shape)
+    paired = tf.reshape(x, np.array(shape[:-1] + [2, shape[-1] // 2], np.int32))
+    flipped = tf.reverse(paired, np.array([len(shape) - 1], np.int32))
+    return tf.reshape(flipped, np.array(shape, np.int32))
 
 
 def _table_shape(rows: np.ndarray, input_rank: int) -> np.ndarray:
@@ -166,15 +170,19 @@ def _table_shape(rows: np.ndarray, input_rank: int) -> np.ndarray:
     return rows.reshape(rows.shape[:1] + (1,) * (input_rank - 3) + rows.shape[1:])
 
 
-def _compiled(body, mode: str, x: tf.Tensor, start: Start) -> Callable[[], tf.Tensor]:
-    """`body(x, start)` as a zero-argument call, eagerly or as a (jit-compiled) tf.function."""
+def _compiled(body, mode: str, x: tf.Tensor, start: Start) -> Callable[..., tf.Tensor]:
+    """`body(x, start)` as a call without arguments, eagerly or as a (jit-compiled) tf.function.
+
+    With a tensor start the call also takes another start tensor (to see whether a new
+    value compiles again).
+    """
     jit_compile = mode == "xla"
     if start.as_tensor:
         start_tensor = tf.constant(start.value, tf.int32)
         if mode == "eager":
-            return lambda: body(x, start_tensor)
+            return lambda other=start_tensor: body(x, other)
         function = tf.function(body, jit_compile=jit_compile)
-        return lambda: function(x, start_tensor)
+        return lambda other=start_tensor: function(x, other)
     value = start.value
     if mode == "eager":
         return lambda: body(x, value)
@@ -213,6 +221,20 @@ def floor_and_reference(layer: str, x_host: np.ndarray, start: Start, ours) -> t
         return x + rows_table.tensor()
 
     return floor, x64 + rows
+
+
+def _layer_body(layer, add_inputs: bool = False):
+    """`body(x, start)` calling `layer`, with `x` added to its output when `add_inputs`.
+
+    The layer is closed over, not a default argument: tf.function would make a default
+    argument part of each call's signature and pay for matching it on every call.
+    """
+
+    def body(x, start):
+        outputs = layer(x, start_index=start)
+        return x + outputs if add_inputs else outputs
+
+    return body
 
 
 def _keras_hub_layers():
@@ -256,16 +278,13 @@ def prepare(selected: list[Case], with_keras_hub: bool = True) -> Iterator[Prepa
         x = tf.constant(x_host)
         ours, theirs = _layers(layer, hub)
         ours(x)  # builds
-        bodies = {"ours": lambda x, s, ours=ours: ours(x, start_index=s)}
+        bodies = {"ours": _layer_body(ours)}
         if theirs is not None:
             theirs(x)
             if layer == "learned":
                 theirs.position_embeddings.assign(ours.embeddings)
-            if layer == "rotary":
-                bodies["keras_hub"] = lambda x, s, theirs=theirs: theirs(x, start_index=s)
-            else:
-                # keras_hub's additive layers return the encoding alone.
-                bodies["keras_hub"] = lambda x, s, theirs=theirs: x + theirs(x, start_index=s)
+            # keras_hub's additive layers return the encoding alone.
+            bodies["keras_hub"] = _layer_body(theirs, add_inputs=layer != "rotary")
 
         by_start: dict[Start, list[Case]] = {}
         for case in group:
@@ -275,7 +294,7 @@ def prepare(selected: list[Case], with_keras_hub: bool = True) -> Iterator[Prepa
             for case in start_cases:
                 calls = {
                     name: _compiled(body, case.mode, x, start)
-                    for name, body in {"floor": floor, **bodies}.items()
+                    for name, body in {"floor": floor, "control": floor, **bodies}.items()
                 }
                 errors = {
                     name: float(np.max(np.abs(call().numpy().astype(np.float64) - reference)))

@@ -20,6 +20,18 @@ README_END = "<!-- benchmark-table:end -->"
 PRECISION_BOUND = 1e-6
 
 
+def _ratios(numerator: Timed, denominator: Timed) -> dict:
+    """`numerator / denominator`: of the medians (the headline), of the minima, and the
+    median of the per-round ratios (each round's two samples were taken side by side)."""
+    return {
+        "of_medians": statistics.median(numerator.samples) / statistics.median(denominator.samples),
+        "of_minima": min(numerator.samples) / min(denominator.samples),
+        "paired_median": statistics.median(
+            a / b for a, b in zip(numerator.samples, denominator.samples, strict=True)
+        ),
+    }
+
+
 def rows(prepared: list[Prepared], timed: list[dict[str, Timed]]) -> list[dict]:
     """One JSON-ready row per case: per-candidate times (ms) and errors, and the ratios."""
     out = []
@@ -33,8 +45,15 @@ def rows(prepared: list[Prepared], timed: list[dict[str, Timed]]) -> list[dict]:
                 "min_ms": min(samples_ms),
                 "repeats_per_sample": t.repeats,
                 "max_abs_error": entry.max_abs_error[name],
+                "new_start_first_call_ms": None if t.new_start is None else t.new_start * 1e3,
                 "samples_ms": [round(s, 5) for s in samples_ms],
             }
+        ratios = {
+            "ours/floor": _ratios(candidates["ours"], candidates["floor"]),
+            "control/floor": _ratios(candidates["control"], candidates["floor"]),
+        }
+        if "keras_hub" in candidates:
+            ratios["keras_hub/ours"] = _ratios(candidates["keras_hub"], candidates["ours"])
         row = {
             "layer": case.layer,
             "shape": list(case.shape),
@@ -43,12 +62,12 @@ def rows(prepared: list[Prepared], timed: list[dict[str, Timed]]) -> list[dict]:
             "past_cache": case.past_cache,
             "tiny": case.tiny,
             "results": results,
-            "ours_over_floor": results["ours"]["median_ms"] / results["floor"]["median_ms"],
+            "ratios": ratios,
+            "ours_over_floor": ratios["ours/floor"]["of_medians"],
+            "control_over_floor": ratios["control/floor"]["of_medians"],
         }
-        if "keras_hub" in results:
-            row["keras_hub_over_ours"] = (
-                results["keras_hub"]["median_ms"] / results["ours"]["median_ms"]
-            )
+        if "keras_hub/ours" in ratios:
+            row["keras_hub_over_ours"] = ratios["keras_hub/ours"]["of_medians"]
         out.append(row)
     return out
 
@@ -136,7 +155,12 @@ def evaluate_targets(table: list[dict]) -> list[dict]:
     evaluated = []
     for target in TARGETS:
         checks = [
-            {"row": row_name(row), "value": value, "holds": target.holds(value)}
+            {
+                "row": row_name(row),
+                "value": value,
+                "holds": target.holds(value),
+                "control_over_floor": row["control_over_floor"],
+            }
             for row in table
             if target.applies(row) and (value := target.value(row)) is not None
         ]
@@ -174,14 +198,15 @@ def markdown(meta: dict, table: list[dict], targets: list[dict]) -> str:
         f"{meta['load_average']['after']} after).",
         "",
         "Times are per call in ms, median (min) over the rounds. `floor` is `x + c` "
-        "(rotary: `x·C + swap(x)·S`) with constant rows; `ratio` columns divide medians. "
-        "Rows marked † start past the 4096 cached rows (our layers compute the rows "
-        "exactly): reported, not held to the floor target. `err`: max |output − float64 "
-        "reference|.",
+        "(rotary: `x·C + swap(x)·S`) with constant rows; ratio columns divide medians. "
+        "`control` is the floor timed again as its own candidate: `control/floor` shows "
+        "how far identical work drifts in that row (the noise of this machine). Rows "
+        "marked † start past the 4096 cached rows (our layers compute the rows exactly): "
+        "reported, not held to the floor target. `err`: max |output − float64 reference|.",
         "",
         "| layer | shape | start | mode | floor | ours | keras_hub | ours/floor "
-        "| keras_hub/ours | ours err | keras_hub err |",
-        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| keras_hub/ours | control/floor | ours err | keras_hub err |",
+        "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in table:
         results = row["results"]
@@ -191,6 +216,7 @@ def markdown(meta: dict, table: list[dict], targets: list[dict]) -> str:
             f"| {row['layer']} | {tuple(row['shape'])} | {start} | {row['mode']} "
             f"| {_ms(results['floor'])} | {_ms(results['ours'])} | {_ms(hub)} "
             f"| {_ratio(row['ours_over_floor'])} | {_ratio(row.get('keras_hub_over_ours'))} "
+            f"| {_ratio(row['control_over_floor'])} "
             f"| {results['ours']['max_abs_error']:.1e} "
             f"| {'–' if hub is None else format(hub['max_abs_error'], '.1e')} |"
         )
@@ -201,16 +227,43 @@ def markdown(meta: dict, table: list[dict], targets: list[dict]) -> str:
         elif target["met"]:
             verdict = "**met**"
         else:
-            misses = "; ".join(f"{m['row']}: {m['value']:.3g}" for m in target["misses"])
+            misses = "; ".join(
+                f"{m['row']}: {m['value']:.3g} (control/floor {m['control_over_floor']:.2f})"
+                for m in target["misses"]
+            )
             verdict = f"**missed** ({misses})"
         lines.append(f"- {target['target']}: {verdict}")
+    lines += ["", *_new_start_lines(table)]
     return "\n".join(lines) + "\n"
+
+
+def _new_start_lines(table: list[dict]) -> list[str]:
+    """Which candidates trace or compile again when a tensor start takes a new value."""
+    slow, worst_ours = [], 0.0
+    for row in table:
+        for name, result in row["results"].items():
+            first = result["new_start_first_call_ms"]
+            if first is None:
+                continue
+            if name == "ours":
+                worst_ours = max(worst_ours, first / result["median_ms"])
+            if first > 5 * result["median_ms"] + 5:
+                slow.append(f"{name} in {row_name(row)}: {first:.0f} ms")
+    if not any(r["results"]["ours"]["new_start_first_call_ms"] is not None for r in table):
+        return []
+    lines = [
+        "A new start value (decoding's next step) in tf.function and XLA, first call: "
+        f"ours at most {worst_ours:.1f}x its median."
+    ]
+    if slow:
+        lines.append("Compiled again (first call > 5x median + 5 ms): " + "; ".join(slow) + ".")
+    return lines
 
 
 def console_table(table: list[dict]) -> str:
     header = (
         f"{'case':44} {'floor ms':>9} {'ours ms':>9} {'hub ms':>9} "
-        f"{'ours/floor':>10} {'hub/ours':>9}"
+        f"{'ours/floor':>10} {'hub/ours':>9} {'ctrl/floor':>10}"
     )
     lines = [header, "-" * len(header)]
     for row in table:
@@ -220,7 +273,8 @@ def console_table(table: list[dict]) -> str:
         lines.append(
             f"{name:44} {results['floor']['median_ms']:9.3f} {results['ours']['median_ms']:9.3f} "
             f"{hub['median_ms'] if hub else float('nan'):9.3f} "
-            f"{row['ours_over_floor']:10.2f} {row.get('keras_hub_over_ours', float('nan')):9.2f}"
+            f"{row['ours_over_floor']:10.2f} {row.get('keras_hub_over_ours', float('nan')):9.2f} "
+            f"{row['control_over_floor']:10.2f}"
         )
     return "\n".join(lines)
 

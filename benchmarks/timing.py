@@ -31,9 +31,10 @@ MAX_REPEATS = 200
 class Timed:
     """One candidate of one case: its call, repeats per sample, and per-call times (s)."""
 
-    call: Callable[[], tf.Tensor]
+    call: Callable[..., tf.Tensor]
     repeats: int = 1
     samples: list[float] = dataclasses.field(default_factory=list)
+    new_start: float | None = None  # seconds of the first call with another start value
 
 
 def _one_sample(timed: Timed) -> float:
@@ -50,6 +51,13 @@ def warm_up(timed: Timed, min_sample: float) -> None:
         timed.call()._numpy()
     one_call = min(_one_sample(timed) for _ in range(3))
     timed.repeats = max(1, min(MAX_REPEATS, math.ceil(min_sample / max(one_call, 1e-7))))
+
+
+def one_call(call: Callable[..., tf.Tensor], *args) -> float:
+    """Seconds of a single call (for example the first with a new argument value)."""
+    start = time.perf_counter()
+    call(*args)._numpy()
+    return time.perf_counter() - start
 
 
 def run_rounds(groups: list[list[Timed]], rounds: int, progress: bool = True) -> None:
