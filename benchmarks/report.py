@@ -252,8 +252,8 @@ def _new_start_lines(table: list[dict]) -> list[str]:
     if not any(r["results"]["ours"]["new_start_first_call_ms"] is not None for r in table):
         return []
     lines = [
-        "A new start value (decoding's next step) in tf.function and XLA, first call: "
-        f"ours at most {worst_ours:.1f}x its median."
+        "A new start value (decoding's next step) in tf.function and XLA, first call "
+        f"(after another new value): ours at most {worst_ours:.1f}x its median."
     ]
     if slow:
         lines.append("Compiled again (first call > 5x median + 5 ms): " + "; ".join(slow) + ".")
