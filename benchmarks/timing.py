@@ -35,6 +35,7 @@ class Timed:
     repeats: int = 1
     samples: list[float] = dataclasses.field(default_factory=list)
     new_start: float | None = None  # seconds of the first call with another start value
+    new_start_again: float | None = None  # and of the next call with that same value
 
 
 def _one_sample(timed: Timed) -> float:
