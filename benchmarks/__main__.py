@@ -2,7 +2,7 @@
 
 Example:
 
-    python -m benchmarks                      # the full run (about 5-10 minutes on 2 cores)
+    python -m benchmarks                      # the full run (about 3 minutes on 2 idle cores)
     python -m benchmarks --quick --layers rotary --modes xla
 """
 
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "XLA, interleaved in one process, and writes latest.json and latest.md."
         ),
     )
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 30)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 40)")
     parser.add_argument(
         "--quick", action="store_true", help="5 rounds, shorter samples: for trying things out"
     )
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 5 if args.quick else 30
+        args.rounds = 5 if args.quick else 40
     if args.rounds < 1:
         parser.error("--rounds must be at least 1.")
     if args.min_sample_ms is None:
