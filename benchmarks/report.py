@@ -294,6 +294,9 @@ def write_whole(path: Path, text: str) -> None:
         "w", dir=path.parent, prefix=f".{path.name}.", delete=False, encoding="utf-8"
     ) as temporary:
         temporary.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary.name, 0o666 & ~umask)  # mkstemp makes it 0600
     os.replace(temporary.name, path)
 
 
