@@ -32,7 +32,6 @@ from keras_posenc.frequencies import CACHED_POSITIONS, HostConstant
 
 LAYERS = ("sinusoidal", "rotary", "learned")
 MODES = ("eager", "function", "xla")
-CANDIDATES = ("floor", "control", "ours", "keras_hub")
 
 MAX_WAVELENGTH = 10000.0
 LEARNED_MAX_LENGTH = 1024
@@ -99,10 +98,6 @@ class Case:
     def past_cache(self) -> bool:
         """Whether the run leaves the cached rows (our layers then compute them exactly)."""
         return self.layer != "learned" and self.start.value + self.shape[1] > CACHED_POSITIONS
-
-    def key(self) -> str:
-        shape = "x".join(map(str, self.shape))
-        return f"{self.layer} {shape} {self.start.label} {self.mode}"
 
 
 @dataclasses.dataclass
