@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
 from tensorflow.python.ops import control_flow_util
 
 CACHED_POSITIONS = 4096
@@ -52,6 +53,12 @@ def accumulation_dtype(dtype) -> tf.DType:
     """
     dtype = tf.as_dtype(dtype)
     return dtype if dtype.size >= 4 else tf.float32
+
+
+def add_rounded_once(inputs: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """`inputs + rows` in `accumulation_dtype(inputs.dtype)`, cast back: rounded once."""
+    wide = accumulation_dtype(inputs.dtype)
+    return tf.cast(tf.cast(inputs, wide) + tf.cast(rows, wide), inputs.dtype)
 
 
 def checked_even_width(width, name: str = "width") -> int:
@@ -135,14 +142,50 @@ def in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def int_array(values) -> np.ndarray | list:
+    """`values` as an int32 numpy array when they are all Python ints, else unchanged.
+
+    Given a Python list, an eager op leaves TensorFlow's fast path for a slow conversion
+    (about 100 µs, 5x the op itself); given a numpy array it stays on it.
+    """
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        return np.asarray(values, dtype=np.int32)
+    return values
+
+
+def _dynamic_rows(table: tf.Tensor, start: tf.Tensor, length) -> tf.Tensor:
+    """Rows `start .. start + length - 1` by XLA's DynamicSlice, with its gradient.
+
+    TensorFlow registers no gradient for XlaDynamicSlice; a learned table trained under
+    XLA with a runtime start needs one: the upstream rows, put back where they came from.
+    """
+    begin = tf.stack([start, 0])
+
+    @tf.custom_gradient
+    def rows(table):
+        def gradient(upstream):
+            return xla.dynamic_update_slice(tf.zeros_like(table), upstream, begin)
+
+        return xla.dynamic_slice(table, begin, [length, table.shape[1]]), gradient
+
+    return rows(table)
+
+
 def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
     """Rows `start .. start + length - 1` of `table`; `start` an int or a scalar int32 tensor."""
-    if tf.is_tensor(start) and in_xla_context():
-        # XLA makes a slice's start a compile-time constant (one compilation per decoding
-        # step); a gather of a run of rows compiles once and fuses with its consumer.
+    if not isinstance(start, (int, np.integer)) and in_xla_context():
+        # tf.slice makes its start a compile-time constant under XLA (one compilation per
+        # decoding step). XLA's own dynamic slice takes it at run time and fuses with its
+        # consumer; a gather does too, but from a table of 1 MiB or more it costs XLA:CPU
+        # about 55 µs more per call (1.3x the floor on small inputs). Keras's TensorFlow
+        # backend imports this module as well. The dynamic slice needs a length known when
+        # tracing (XLA checks it against the table even in an untaken branch); a length
+        # known only when compiling takes the gather.
+        if isinstance(length, (int, np.integer)):
+            return _dynamic_rows(table, start, length)
         return tf.gather(table, tf.range(length) + start)
     # Outside XLA a slice of leading rows shares the table's memory: no copy.
-    return tf.slice(table, [start, 0], [length, -1])
+    return tf.slice(table, int_array([start, 0]), int_array([length, -1]))
 
 
 class FrequencyTable:
@@ -226,6 +269,11 @@ def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf
 Layout = Callable[[tf.Tensor, tf.Tensor], Sequence[tf.Tensor]]
 
 
+def as_rows(*rows: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """The rows themselves: the default `combine` of `PositionTable.slice`."""
+    return rows
+
+
 class PositionTable:
     """Per-position rows `layout(sin, cos)`, ready for the first `CACHED_POSITIONS` positions.
 
@@ -250,21 +298,48 @@ class PositionTable:
         """Rows for integer `positions` of any shape."""
         return tuple(self.layout(*self.frequencies.sin_cos(positions)))
 
-    def slice(self, start, length) -> tuple[tf.Tensor, ...]:
-        """Rows for positions `start .. start + length - 1` (ints or scalar int32 tensors)."""
+    def slice(self, start, length, combine=as_rows):
+        """`combine(*rows)` for positions `start .. start + length - 1` (ints or int32 scalars).
+
+        `combine` is what the caller makes of the rows (`inputs + rows`, a rotation). When
+        the choice between cache and computation waits for a runtime `start` under XLA, it
+        runs inside each branch, so that XLA fuses the row lookup into it: rows returned by
+        a conditional are written out whole and read back (1.5x the floor at 4096 x 1024).
+        Elsewhere the cond returns the rows (by reference, no copy) and `combine` follows:
+        converters such as tf2onnx cannot infer shapes inside the branches.
+        """
+        # Python ints stay Python ints (tf.is_tensor and get_static_value are slow on them).
+        static = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
 
         def from_cache():
             # Clamped so that the untaken branch of the cond below stays a valid slice.
-            first = tf.minimum(start, CACHED_POSITIONS - length) if tf.is_tensor(start) else start
+            first = start if static else tf.minimum(start, CACHED_POSITIONS - length)
             return tuple(slice_rows(t.tensor(), first, length) for t in self._cached)
 
         def computed():
             return self.gather(tf.range(length) + start)
 
-        fits = tf.get_static_value(start + length <= CACHED_POSITIONS)
+        if static:
+            fits = start + length <= CACHED_POSITIONS
+        elif isinstance(length, (int, np.integer)) and length > CACHED_POSITIONS:
+            fits = False  # whatever the start (and XLA rejects a slice longer than the table)
+        else:
+            fits = tf.get_static_value(start + length <= CACHED_POSITIONS)
         if fits is not None:
-            return from_cache() if fits else computed()
-        return tf.cond(start + length <= CACHED_POSITIONS, from_cache, computed)
+            return combine(*(from_cache() if fits else computed()))
+        cached = start + length <= CACHED_POSITIONS
+        if in_xla_context():
+            # The computed rows must not fuse into `combine`: XLA would compute them again
+            # for every batch row and head (2-3x the floor). A conditional is a fusion
+            # boundary (XLA:CPU expands its optimization-barrier op away before fusing), so
+            # they come out of one, written once.
+            def computed_once():
+                return tf.cond(start >= 0, computed, computed)
+
+            return tf.cond(
+                cached, lambda: combine(*from_cache()), lambda: combine(*computed_once())
+            )
+        return combine(*tf.cond(cached, from_cache, computed))
 
 
 _position_tables: dict[tuple, PositionTable] = {}

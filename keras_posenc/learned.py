@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import accumulation_dtype, slice_rows
+from keras_posenc.frequencies import add_rounded_once, as_rows, slice_rows
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.sinusoidal import SinusoidalInitializer
 
@@ -17,8 +17,8 @@ class _VariableRows:
     def __init__(self, table):
         self.table = table
 
-    def slice(self, start, length):
-        return (slice_rows(tf.convert_to_tensor(self.table), start, length),)
+    def slice(self, start, length, combine=as_rows):
+        return combine(slice_rows(tf.convert_to_tensor(self.table), start, length))
 
     def gather(self, positions):
         return (tf.gather(self.table, positions),)
@@ -111,7 +111,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, positions=None, start_index=0):
-        (embedding,) = position_rows(
+        return position_rows(
             _VariableRows(self.embeddings),
             static_dim(inputs, 1),
             positions,
@@ -119,9 +119,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             limit=self.max_length,
             limit_hint="build the layer with a larger max_length, or call "
             "resize(new_max_length) to interpolate the table.",
+            combine=lambda embedding: add_rounded_once(inputs, embedding),
         )
-        wide = accumulation_dtype(inputs.dtype)
-        return tf.cast(tf.cast(inputs, wide) + tf.cast(embedding, wide), inputs.dtype)
 
     def resize(self, new_max_length: int) -> None:
         """Grows or shrinks the table to `new_max_length` rows by linear interpolation.

@@ -14,11 +14,11 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import in_xla_context
+from keras_posenc.frequencies import as_rows, in_xla_context
 
 
 class RowTable(Protocol):
-    def slice(self, start, length) -> tuple[tf.Tensor, ...]: ...
+    def slice(self, start, length, combine): ...
 
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]: ...
 
@@ -37,16 +37,21 @@ def _check(predicate, values, message, error=ValueError) -> list:
     the caller can make the computation wait for it (a slice could otherwise fail first,
     with a message about the slice instead of the input).
     """
-    known = [tf.get_static_value(v) if tf.is_tensor(v) else v for v in values]
+    # tf.is_tensor is slow on Python numbers (a Protocol check): test for them first.
+    known = [v if isinstance(v, (int, np.integer)) else tf.get_static_value(v) for v in values]
     if all(k is not None for k in known):
         if not np.all(predicate(*known)):
             raise error(message(*(np.asarray(k).tolist() for k in known)))
         return []
+    values = [tf.convert_to_tensor(v) for v in values]
     tensors = [tf.cast(v, tf.int64) for v in values]
+    # Shown as int32 where they are: an Assert whose data are all int32 or strings is one
+    # op; with int64 data it is wrapped in a conditional (several ops a call in a graph).
+    shown = [v if v.dtype == tf.int32 else t for v, t in zip(values, tensors, strict=True)]
     return [
         tf.debugging.Assert(
             tf.reduce_all(predicate(*tensors)),
-            [message(*["(value below)"] * len(values)), *tensors],
+            [message(*["(value below)"] * len(values)), *shown],
         )
     ]
 
@@ -60,13 +65,20 @@ def _after(checks: list, tensor):
 
 def checked_start_index(start_index):
     """`start_index` as a Python int or a scalar int32 tensor, >= 0."""
+    start = _start_index(start_index)
+    checks = _check(
+        lambda s: s >= 0,
+        [start],
+        lambda s: f"start_index must be >= 0, got {s}. Positions count from 0.",
+    )
+    return _after(checks, start)
+
+
+def _start_index(start_index):
+    """`start_index` as a Python int or a scalar int32 tensor; its sign is checked by callers."""
     if isinstance(start_index, (bool, np.bool_)):
         raise TypeError(f"start_index must be an integer, got the bool {start_index!r}.")
     if isinstance(start_index, (int, np.integer)):
-        if start_index < 0:
-            raise ValueError(
-                f"start_index must be >= 0, got {int(start_index)}. Positions count from 0."
-            )
         return int(start_index)
     start_index = tf.convert_to_tensor(start_index)
     if not start_index.dtype.is_integer:
@@ -79,12 +91,11 @@ def checked_start_index(start_index):
             f"start_index must be a scalar, got shape {start_index.shape}. "
             "For a different start per sequence, pass `positions` of shape (batch, sequence)."
         )
-    checks = _check(
-        lambda s: s >= 0,
-        [start_index],
-        lambda s: f"start_index must be >= 0, got {s}. Positions count from 0.",
-    )
-    return _after(checks, tf.cast(start_index, tf.int32))
+    value = tf.get_static_value(start_index)
+    if value is not None:
+        # Known now (eager, or a constant): as a Python int every later step stays static.
+        return int(value)
+    return tf.cast(start_index, tf.int32)
 
 
 def checked_positions(positions, length) -> tf.Tensor:
@@ -135,7 +146,7 @@ def _poisoned_under_xla(rows: tuple, valid) -> tuple:
     XLA compiles assertions to nothing and clamps out-of-range gathers, so a bad position
     would give a plausible wrong row; NaN makes the bad input impossible to miss.
     """
-    if tf.get_static_value(valid) is not None or not in_xla_context():
+    if isinstance(valid, (bool, np.bool_)) or not in_xla_context():
         return rows
     return tuple(tf.where(valid, row, tf.constant(float("nan"), row.dtype)) for row in rows)
 
@@ -149,8 +160,9 @@ def position_rows(
     limit: int,
     limit_hint: str,
     mask=None,
-) -> tuple[tf.Tensor, ...]:
-    """Checked rows of `table` for a sequence of `length` steps.
+    combine=as_rows,
+):
+    """`combine(*rows)` with the checked rows of `table` for a sequence of `length` steps.
 
     Args:
         table: gives rows for a run (`slice`) or for explicit positions (`gather`).
@@ -161,6 +173,8 @@ def position_rows(
         limit_hint: what to do when they are not, for the error message.
         mask: optional padding mask `(batch, sequence)`; when given (and `positions` is
             not), positions come from it (`positions_from_mask`).
+        combine: what the layer makes of the rows (`inputs + rows`, a rotation); it runs
+            inside the table's runtime branches (see `PositionTable.slice`).
     """
     if mask is not None and positions is None:
         positions, start_index = positions_from_mask(mask, start_index), 0
@@ -181,15 +195,35 @@ def position_rows(
         )
         valid = (tf.reduce_min(positions) >= 0) & (tf.reduce_max(positions) < limit)
         rows = table.gather(_after(checks, tf.cast(positions, tf.int32)))
-        return _poisoned_under_xla(rows, valid)
-    start = checked_start_index(start_index)
+        return combine(*_poisoned_under_xla(rows, valid))
+    # One assertion for both ends of the run: in a graph each assertion is a conditional.
+    start = _start_index(start_index)
+    if not isinstance(start, int) and isinstance(length, (int, np.integer)) and length > limit:
+        # Too long from any start: say so now, at trace time (XLA drops assertions).
+        raise ValueError(
+            f"the sequence has {length} steps but positions must stay within {limit}; "
+            f"{limit_hint}"
+        )
+
+    def run_message(first, end):
+        if isinstance(first, int) and first < 0:
+            return f"start_index must be >= 0, got {first}. Positions count from 0."
+        if isinstance(end, int):
+            return (
+                f"the positions run to {end} (start_index + sequence length) but must "
+                f"stay within {limit}; {limit_hint}"
+            )
+        return (
+            f"start_index must be >= 0 and the positions must stay within {limit} "
+            f"({limit_hint}); start_index and start_index + sequence length follow."
+        )
+
     checks = _check(
-        lambda end: end <= limit,
-        [start + length],
-        lambda end: (
-            f"the positions run to {end} (start_index + sequence length) but must "
-            f"stay within {limit}; {limit_hint}"
-        ),
+        lambda first, end: (first >= 0) & (end <= limit), [start, start + length], run_message
     )
-    rows = table.slice(_after(checks, start), length)
-    return _poisoned_under_xla(rows, (start >= 0) & (start + length <= limit))
+    valid = (start >= 0) & (start + length <= limit)
+    return table.slice(
+        _after(checks, start),
+        length,
+        lambda *rows: combine(*_poisoned_under_xla(rows, valid)),
+    )

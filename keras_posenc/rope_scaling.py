@@ -27,7 +27,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import exact_sin_cos, inverse_frequencies
+from keras_posenc.frequencies import as_rows, exact_sin_cos, inverse_frequencies
 
 _NUMBER = (int, float, np.integer, np.floating)
 
@@ -302,8 +302,8 @@ class SwitchByLength:
         self.long = long
         self.switch_length = switch_length
 
-    def slice(self, start, length) -> tuple[tf.Tensor, ...]:
-        return self._choose(start + length, lambda table: table.slice(start, length))
+    def slice(self, start, length, combine=as_rows):
+        return combine(*self._choose(start + length, lambda table: table.slice(start, length)))
 
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
         return self._choose(tf.reduce_max(positions) + 1, lambda table: table.gather(positions))
@@ -326,8 +326,8 @@ class DynamicRows:
         self.max_position_embeddings = max_position_embeddings
         self.layout = layout
 
-    def slice(self, start, length) -> tuple[tf.Tensor, ...]:
-        return self._rows(tf.range(length) + start, start + length)
+    def slice(self, start, length, combine=as_rows):
+        return combine(*self._rows(tf.range(length) + start, start + length))
 
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
         return self._rows(positions, tf.reduce_max(positions) + 1)

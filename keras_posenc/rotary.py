@@ -22,6 +22,8 @@ from keras_posenc.frequencies import (
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
+    in_xla_context,
+    int_array,
     position_table,
 )
 from keras_posenc.positions import position_rows, static_dim
@@ -54,13 +56,27 @@ def _rotation_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Te
 
 
 def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1) -> tf.Tensor:
-    """Exchange the two channels of every rotation pair along `axis` (a reshape and a reverse)."""
+    """Exchange the two channels of every rotation pair along `axis`.
+
+    Under XLA a gather by a constant permutation, elsewhere a reshape and a reverse: the
+    fastest of each (on CPU, XLA's gather is 0.70-0.77x its reverse from 2 to 64 MiB, and
+    stack+reshape is 0.7x below 8 MiB but 1.4x above 32 MiB; outside XLA a gather is 3.5x).
+    """
     axis = axis % x.shape.rank
     width = x.shape[axis]
     pair_shape, pair_axis = _pair_axes(layout, width)
-    shape = tf.shape(x)
-    paired = tf.reshape(x, tf.concat([shape[:axis], pair_shape, shape[axis + 1 :]], 0))
-    return tf.reshape(tf.reverse(paired, [axis + pair_axis]), shape)
+    if in_xla_context():
+        permutation = np.flip(np.arange(width).reshape(pair_shape), pair_axis).reshape(-1)
+        return tf.gather(x, permutation.astype(np.int32), axis=axis)
+    if x.shape.is_fully_defined():
+        shape = x.shape.as_list()
+        paired_shape = int_array(shape[:axis] + pair_shape + shape[axis + 1 :])
+        shape = int_array(shape)
+    else:
+        shape = tf.shape(x)
+        paired_shape = tf.concat([shape[:axis], pair_shape, shape[axis + 1 :]], 0)
+    paired = tf.reshape(x, paired_shape)
+    return tf.reshape(tf.reverse(paired, int_array([axis + pair_axis])), shape)
 
 
 def rotation_table(
@@ -204,8 +220,7 @@ class RotaryEmbedding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
-        rank = inputs.shape.rank
-        cos_table, sin_table = position_rows(
+        return position_rows(
             self._table,
             static_dim(inputs, self._sequence_axis),
             positions,
@@ -213,17 +228,26 @@ class RotaryEmbedding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the rotation is exact only below that.",
             mask=mask if self.positions_from_mask else None,
+            combine=lambda cos_table, sin_table: self._rotate(inputs, cos_table, sin_table),
         )
+
+    def _rotate(self, inputs, cos_table, sin_table):
+        rank = inputs.shape.rank
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
         table_axes = [0, self._sequence_axis, self._feature_axis][-cos_table.shape.rank :]
-        broadcast_shape = [1] * rank
-        for table_axis, input_axis in enumerate(table_axes):
-            broadcast_shape[input_axis] = static_dim(cos_table, table_axis)
+        if table_axes != list(range(rank - len(table_axes), rank)):
+            # Not the input's trailing axes (heads lie between sequence and features).
+            broadcast_shape = [1] * rank
+            for table_axis, input_axis in enumerate(table_axes):
+                broadcast_shape[input_axis] = static_dim(cos_table, table_axis)
+            broadcast_shape = int_array(broadcast_shape)
+            cos_table = tf.reshape(cos_table, broadcast_shape)
+            sin_table = tf.reshape(sin_table, broadcast_shape)
         # float16 / bfloat16 inputs rotate in float32: the result is rounded once.
         wide = accumulation_dtype(inputs.dtype)
-        cos_table = tf.cast(tf.reshape(cos_table, broadcast_shape), wide)
-        sin_table = tf.cast(tf.reshape(sin_table, broadcast_shape), wide)
+        cos_table = tf.cast(cos_table, wide)
+        sin_table = tf.cast(sin_table, wide)
 
         def rotate(x):
             x = tf.cast(x, wide)

@@ -10,7 +10,7 @@ from keras_posenc.frequencies import (
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
-    accumulation_dtype,
+    add_rounded_once,
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
@@ -136,16 +136,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
-        (encoding,) = position_rows(
+        return position_rows(
             self._table,
             static_dim(inputs, 1),
             positions,
             start_index,
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
+            combine=lambda encoding: add_rounded_once(inputs, encoding),
         )
-        wide = accumulation_dtype(inputs.dtype)
-        return tf.cast(tf.cast(inputs, wide) + tf.cast(encoding, wide), inputs.dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
