@@ -250,7 +250,9 @@ def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf
         float32 `(sin, cos)`, each of shape `positions.shape + (dim/2,)`.
     """
     turns_high, turns_low = _split(tf.cast(turns, tf.float32))
-    positions = tf.cast(positions, tf.int32)[..., None]
+    # expand_dims, not [..., None]: tf2onnx needs ranks for the latter, and inside a
+    # conditional's branch it does not know them.
+    positions = tf.expand_dims(tf.cast(positions, tf.int32), -1)
     position_low = positions % 4096
     position_high = tf.cast(positions - position_low, tf.float32)  # 12 significant bits
     position_low = tf.cast(position_low, tf.float32)

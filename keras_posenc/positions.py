@@ -201,8 +201,7 @@ def position_rows(
     if not isinstance(start, int) and isinstance(length, (int, np.integer)) and length > limit:
         # Too long from any start: say so now, at trace time (XLA drops assertions).
         raise ValueError(
-            f"the sequence has {length} steps but positions must stay within {limit}; "
-            f"{limit_hint}"
+            f"the sequence has {length} steps but positions must stay within {limit}; {limit_hint}"
         )
 
     def run_message(first, end):

@@ -48,7 +48,9 @@ def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
 
 def _rotation_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`."""
-    pair_axis = -2 if layout == "half" else -1
+    # A non-negative stacking axis: tf2onnx resolves a negative one from the rank, which
+    # it does not know inside a conditional's branch.
+    pair_axis = sin.shape.rank - 1 if layout == "half" else sin.shape.rank
     shape = tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0)
     cos_table = tf.reshape(tf.stack([cos, cos], axis=pair_axis), shape)
     sin_table = tf.reshape(tf.stack([-sin, sin], axis=pair_axis), shape)

@@ -327,3 +327,40 @@ def test_decoding_one_token_at_a_time_equals_the_full_causal_pass():
         for got, got_rope in ((eager, eager_rope), (compiled.numpy(), compiled_rope.numpy())):
             assert np.abs(got - full[:, t : t + 1]).max() <= 1e-5, t
             assert np.abs(got_rope - full_rope[:, t : t + 1]).max() <= 1e-6, t
+
+
+@pytest.mark.parametrize(
+    "scaling, starts",
+    [
+        (LONGROPE, (0, 5000)),  # short factors, then long ones past 4096
+        ({"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}, (0, 100)),
+        (YARN, (0, 5000)),
+    ],
+    ids=["longrope", "dynamic", "yarn"],
+)
+def test_scaling_exports_to_saved_model_and_onnx_and_verifies(tmp_path, scaling, starts):
+    from keras_posenc import export
+
+    heads = keras.Input((None, 2, HEAD_DIM), name="heads")
+    start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
+    rotated = RotaryEmbedding(scaling=scaling, name="rope")(heads, start_index=start)
+    model = keras.Model([heads, start], keras.layers.Identity(name="rotated")(rotated))
+    export.save_saved_model(model, tmp_path / "saved_model")
+    export.save_onnx(model, tmp_path / "model.onnx")
+    for first in starts:
+
+        def inputs(batch, sequence, first=first):
+            rng = np.random.default_rng([batch, sequence])
+            x = rng.uniform(-1, 1, (batch, sequence, 2, HEAD_DIM)).astype(np.float32)
+            return {"heads": x, "start_index": np.array(first, np.int32)}
+
+        report = export.verify_export(
+            model,
+            tmp_path / "saved_model",
+            tmp_path / "model.onnx",
+            batch_sizes=(1, 3),
+            sequence_lengths=(1, 17),
+            make_inputs=inputs,
+            repeats=1,
+        )
+        assert report["passed"], report
