@@ -1,10 +1,11 @@
 """Which positions a call covers, checked: a run from `start_index`, or explicit `positions`.
 
 Every layer takes the same `positions=None, start_index=0` pair and asks a table for the
-rows of those positions: `table.slice(start, length)` for a run, `table.gather(positions)`
-otherwise. Checks raise at once when the values are known (eagerly, or static at trace
-time) and become graph assertions otherwise. XLA compiles assertions away, so under
-`jit_compile=True` only the checks that can be made at trace time remain.
+rows of those positions: `table.slice(start, length, combine)` for a run,
+`table.gather(positions)` otherwise, and `combine`s them with its input. Checks raise at
+once when the values are known (eagerly, or static at trace time) and become graph
+assertions otherwise. XLA compiles assertions away, so under `jit_compile=True` the rows
+of a call whose positions fail the checks become NaN instead of a plausible wrong answer.
 """
 
 from __future__ import annotations
