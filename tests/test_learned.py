@@ -288,3 +288,13 @@ def test_wrong_input_rank_is_an_error_naming_the_shape(shape):
 def test_bad_positions_are_errors(positions, error, pattern):
     with pytest.raises(error, match=pattern):
         LearnedPositionalEmbedding(8)(tf.zeros((1, 3, 4)), positions=tf.constant(positions))
+
+
+def test_under_xla_a_run_past_the_table_gives_nan_not_a_clamped_row():
+    """XLA drops assertions and clamps gathers: the layer poisons the rows instead."""
+    layer = LearnedPositionalEmbedding(8)
+    embed = tf.function(lambda x, s: layer(x, start_index=s), jit_compile=True)
+    x = tf.zeros((1, 5, 4))
+    assert np.isfinite(embed(x, tf.constant(3)).numpy()).all()
+    assert np.isnan(embed(x, tf.constant(6)).numpy()).all()  # rows 6..10 of 8
+    assert np.isnan(embed(x, tf.constant(-1)).numpy()).all()

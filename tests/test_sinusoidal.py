@@ -377,3 +377,12 @@ def test_sinusoidal_initializer_errors():
         SinusoidalInitializer()((3, 5))
     with pytest.raises(ValueError, match=r"Unknown layout 'half'"):
         SinusoidalInitializer(layout="half")
+
+
+def test_under_xla_bad_positions_give_nan_not_a_plausible_encoding():
+    layer = SinusoidalPositionalEncoding()
+    encode = tf.function(lambda x, p: layer(x, positions=p), jit_compile=True)
+    x = tf.zeros((1, 3, 8))
+    assert np.isfinite(encode(x, tf.constant([0, 5, 9])).numpy()).all()
+    assert np.isnan(encode(x, tf.constant([0, -1, 9])).numpy()).all()
+    assert np.isnan(encode(x, tf.constant([0, 1, 2**24 + 5])).numpy()).all()
