@@ -293,8 +293,7 @@ class RotaryEmbedding(keras.layers.Layer):
         scaling = None
         if rope_type != "default":
             scaling = parameters
-            _, optional = ROPE_TYPES.get(rope_type, ((), ()))
-            required, _ = ROPE_TYPES.get(rope_type, ((), ()))
+            required, optional = ROPE_TYPES.get(rope_type, ((), ()))
             for key in ("max_position_embeddings", "original_max_position_embeddings"):
                 if key in config and key not in scaling and key in required + optional:
                     scaling[key] = config[key]
