@@ -145,18 +145,24 @@ def draw_figures(data: FigureData, out: Path) -> list[Path]:
     figure.tight_layout()
     save(figure, "sinusoidal_table.png")
 
-    figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
-    for (anchor, dots), style in zip(data.dot_products.items(), ("-", "--", ":"), strict=False):
-        axes.plot(data.offsets, dots, style, linewidth=1.5, label=f"i = {anchor:,}")
-    axes.set(
-        xlabel="relative distance j − i",
-        ylabel="p_i · p_j",
-        title="The dot product depends on j − i only",
+    def save_against_offset(curves: dict, ylabel: str, title: str, legend: str, name: str) -> None:
+        # One curve per anchor position: that they coincide is the point of the figure.
+        figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
+        for (anchor, values), style in zip(curves.items(), ("-", "--", ":"), strict=False):
+            axes.plot(data.offsets, values, style, linewidth=1.5, label=f"i = {anchor:,}")
+        axes.set(xlabel="relative distance j − i", ylabel=ylabel, title=title)
+        axes.legend(title=legend)
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        save(figure, name)
+
+    save_against_offset(
+        data.dot_products,
+        "p_i · p_j",
+        "The dot product depends on j − i only",
+        "anchor position",
+        "sinusoidal_dot_product.png",
     )
-    axes.legend(title="anchor position")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    save(figure, "sinusoidal_dot_product.png")
 
     figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
     pairs = np.arange(len(data.wavelengths))
@@ -172,18 +178,13 @@ def draw_figures(data: FigureData, out: Path) -> list[Path]:
     figure.tight_layout()
     save(figure, "sinusoidal_wavelengths.png")
 
-    figure, axes = pyplot.subplots(figsize=(6.4, 3.6))
-    for (anchor, scores), style in zip(data.rope_scores.items(), ("-", "--", ":"), strict=False):
-        axes.plot(data.offsets, scores, style, linewidth=1.5, label=f"i = {anchor:,}")
-    axes.set(
-        xlabel="relative distance j − i",
-        ylabel="RoPE(q, i) · RoPE(k, j)",
-        title="RoPE attention score (q = k = all ones) depends on j − i only",
+    save_against_offset(
+        data.rope_scores,
+        "RoPE(q, i) · RoPE(k, j)",
+        "RoPE attention score (q = k = all ones) depends on j − i only",
+        "query position",
+        "rope_score.png",
     )
-    axes.legend(title="query position")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    save(figure, "rope_score.png")
     return written
 
 
