@@ -6,7 +6,8 @@ Every candidate of a case does the same job on the same input:
   the table's shape (built on the host in float64, rounded once to float32):
   `x + c` for the additive layers; `x·C + swap(x)·S` for rotary, which is
   `x·cos + rotate_half(x)·sin` with the sign of `rotate_half` folded into `S` and the
-  halves swapped the cheapest way we found in each mode (`swap_halves`).
+  halves swapped the cheapest way we found for each mode and size (the package's
+  `swap_pairs`, which picks its form by measurement).
 - `ours`: the keras_posenc layer, `layer(x, start_index=s)`.
 - `keras_hub`: `x + SinePositionEncoding()(x, start_index=s)`,
   `RotaryEmbedding()(x, start_index=s)`, `x + PositionEmbedding(L)(x, start_index=s)`
@@ -29,6 +30,7 @@ import tensorflow as tf
 
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc.frequencies import CACHED_POSITIONS, HostConstant
+from keras_posenc.rotary import swap_pairs
 
 LAYERS = ("sinusoidal", "rotary", "learned")
 MODES = ("eager", "function", "xla")
@@ -150,24 +152,6 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 # --- the floors ---
 
 
-def swap_halves(x: tf.Tensor, mode: str) -> tf.Tensor:
-    """`[a, b] -> [b, a]` on the last axis, the fastest way we found for `mode`.
-
-    Under XLA a gather of the channels by a constant permutation (0.70-0.77x a reverse,
-    at every size from 2 to 64 MiB; stack+reshape is 0.7x below 8 MiB but 1.4x above
-    32 MiB). Otherwise a reshape, a reverse and a reshape (a gather is 3.5x).
-    """
-    shape = x.shape.as_list()
-    half = shape[-1] // 2
-    if mode == "xla":
-        permutation = np.r_[half : 2 * half, 0:half].astype(np.int32)
-        return tf.gather(x, permutation, axis=-1)
-    # Shapes and axes as numpy arrays: eagerly, a Python list costs a slow conversion.
-    paired = tf.reshape(x, np.array(shape[:-1] + [2, half], np.int32))
-    flipped = tf.reverse(paired, np.array([len(shape) - 1], np.int32))
-    return tf.reshape(flipped, np.array(shape, np.int32))
-
-
 def _table_shape(rows: np.ndarray, input_rank: int) -> np.ndarray:
     # (sequence, dim) -> (sequence, 1, dim) against (batch, sequence, heads, dim).
     return rows.reshape(rows.shape[:1] + (1,) * (input_rank - 3) + rows.shape[1:])
@@ -194,7 +178,7 @@ def _compiled(body, mode: str, x: tf.Tensor, start: Start) -> Callable[..., tf.T
 
 
 def floor_and_reference(layer: str, x_host: np.ndarray, start: Start, ours) -> tuple:
-    """`floor(mode)`, the floor's `body(x, start)` in `mode`, and the float64 reference output.
+    """The floor's `body(x, start)` (the same in every mode) and the float64 reference output.
 
     `ours` gives the learned layer's table (the same rows for every candidate).
     """
@@ -210,13 +194,10 @@ def floor_and_reference(layer: str, x_host: np.ndarray, start: Start, ours) -> t
         cos_table = HostConstant(cos.astype(np.float32))
         sin_table = HostConstant((sin * sign).astype(np.float32))
 
-        def floor(mode):
-            def body(x, s):
-                return x * cos_table.tensor() + swap_halves(x, mode) * sin_table.tensor()
+        def rotate(x, s):
+            return x * cos_table.tensor() + swap_pairs(x, "half") * sin_table.tensor()
 
-            return body
-
-        return floor, reference
+        return rotate, reference
     if layer == "sinusoidal":
         rows = sinusoidal_rows(positions, width)
     else:
@@ -226,10 +207,7 @@ def floor_and_reference(layer: str, x_host: np.ndarray, start: Start, ours) -> t
     def add_rows(x, s):
         return x + rows_table.tensor()
 
-    def floor(mode):
-        return add_rows
-
-    return floor, x64 + rows
+    return add_rows, x64 + rows
 
 
 def _layer_body(layer, add_inputs: bool = False):
@@ -304,8 +282,8 @@ def prepare(selected: list[Case], with_keras_hub: bool = True) -> Iterator[Prepa
                 calls = {
                     name: _compiled(body, case.mode, x, start)
                     for name, body in {
-                        "floor": floor(case.mode),
-                        "control": floor(case.mode),
+                        "floor": floor,
+                        "control": floor,
                         **bodies,
                     }.items()
                 }

@@ -10,6 +10,8 @@ call is two multiplies, one swap and one add.
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -57,17 +59,37 @@ def _rotation_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Te
     return cos_table, sin_table
 
 
-def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1) -> tf.Tensor:
-    """Exchange the two channels of every rotation pair along `axis`.
+# Under XLA:CPU a stack of the two channel halves (fused into the rotation) runs at
+# 0.7-0.9x a gather by permutation while input and output stay in cache (8 MiB of input on
+# a 32 MiB L3), and at 1.4-1.8x beyond (16-64 MiB): the gather holds its speed out of cache.
+XLA_STACK_SWAP_BYTES = 8 * 2**20
 
-    Under XLA a gather by a constant permutation, elsewhere a reshape and a reverse: the
-    fastest of each (on CPU, XLA's gather is 0.70-0.77x its reverse from 2 to 64 MiB, and
-    stack+reshape is 0.7x below 8 MiB but 1.4x above 32 MiB; outside XLA a gather is 3.5x).
+
+def swap_form(x: tf.Tensor) -> str:
+    """How `swap_pairs` exchanges `x`'s pairs here: the fastest form measured for the case.
+
+    `"reverse"` (a reshape and a reverse) outside XLA, where a gather is 3.5x. Under XLA
+    `"stack"` (of the pairs' halves) up to `XLA_STACK_SWAP_BYTES` of float32 or wider
+    values, `"gather"` (by a constant permutation) above that or when the size is unknown.
     """
+    if not in_xla_context():
+        return "reverse"
+    size = x.shape.num_elements()
+    if size is None or size * accumulation_dtype(x.dtype).size > XLA_STACK_SWAP_BYTES:
+        return "gather"
+    return "stack"
+
+
+def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1, form: str | None = None) -> tf.Tensor:
+    """Exchange the two channels of every rotation pair along `axis`, by `swap_form(x)`.
+
+    `form` overrides the choice (a caller that chose it for a larger tensor, say).
+    """
+    form = form or swap_form(x)
     axis = axis % x.shape.rank
     width = x.shape[axis]
     pair_shape, pair_axis = _pair_axes(layout, width)
-    if in_xla_context():
+    if form == "gather":
         permutation = np.flip(np.arange(width).reshape(pair_shape), pair_axis).reshape(-1)
         return tf.gather(x, permutation.astype(np.int32), axis=axis)
     if x.shape.is_fully_defined():
@@ -78,7 +100,12 @@ def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1) -> tf.Tensor:
         shape = tf.shape(x)
         paired_shape = tf.concat([shape[:axis], pair_shape, shape[axis + 1 :]], 0)
     paired = tf.reshape(x, paired_shape)
-    return tf.reshape(tf.reverse(paired, int_array([axis + pair_axis])), shape)
+    if form == "stack":
+        first, second = tf.split(paired, 2, axis=axis + pair_axis)
+        swapped = tf.concat([second, first], axis + pair_axis)
+    else:
+        swapped = tf.reverse(paired, int_array([axis + pair_axis]))
+    return tf.reshape(swapped, shape)
 
 
 def rotation_table(
@@ -222,7 +249,13 @@ class RotaryEmbedding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
-        return position_rows(
+        form = swap_form(inputs)
+
+        def rotate(cos_table, sin_table):
+            return self._rotate(inputs, cos_table, sin_table, form)
+
+        rows = functools.partial(
+            position_rows,
             self._table,
             static_dim(inputs, self._sequence_axis),
             positions,
@@ -230,10 +263,17 @@ class RotaryEmbedding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the rotation is exact only below that.",
             mask=mask if self.positions_from_mask else None,
-            combine=lambda cos_table, sin_table: self._rotate(inputs, cos_table, sin_table),
         )
+        if form == "stack":
+            # Under XLA with a runtime start the rows come from a conditional, whose
+            # branches would each fuse the row lookup into the rotation: right for the
+            # gather (0.9x the floor at 64 MiB, against 1.2x with the rows written out),
+            # but the stack fused there runs at 2x. The rows are (batch x heads) times
+            # smaller than the input: they come out whole and the rotation follows.
+            return rotate(*rows())
+        return rows(combine=rotate)
 
-    def _rotate(self, inputs, cos_table, sin_table):
+    def _rotate(self, inputs, cos_table, sin_table, form: str):
         rank = inputs.shape.rank
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
@@ -253,7 +293,8 @@ class RotaryEmbedding(keras.layers.Layer):
 
         def rotate(x):
             x = tf.cast(x, wide)
-            rotated = x * cos_table + swap_pairs(x, self.layout, self._feature_axis) * sin_table
+            swapped = swap_pairs(x, self.layout, self._feature_axis, form)
+            rotated = x * cos_table + swapped * sin_table
             return tf.cast(rotated, inputs.dtype)
 
         head_dim = inputs.shape[self._feature_axis]
