@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -22,14 +23,24 @@ PRECISION_BOUND = 1e-6
 
 def _ratios(numerator: Timed, denominator: Timed) -> dict:
     """`numerator / denominator`: of the medians (the headline), of the minima, and the
-    median of the per-round ratios (each round's two samples were taken side by side)."""
+    median of the per-round ratios (each round's two samples were taken side by side),
+    with the number of rounds in which the numerator was the faster of the two."""
+    pairs = list(zip(numerator.samples, denominator.samples, strict=True))
     return {
         "of_medians": statistics.median(numerator.samples) / statistics.median(denominator.samples),
         "of_minima": min(numerator.samples) / min(denominator.samples),
-        "paired_median": statistics.median(
-            a / b for a, b in zip(numerator.samples, denominator.samples, strict=True)
-        ),
+        "paired_median": statistics.median(a / b for a, b in pairs),
+        "numerator_faster_rounds": sum(a < b for a, b in pairs),
+        "rounds": len(pairs),
     }
+
+
+def sign_test(successes: int, trials: int) -> float:
+    """Two-sided p-value of `successes` in `trials` rounds if either side were as likely
+    to be faster in each round (the sign test on paired samples)."""
+    tail = min(successes, trials - successes)
+    p = sum(math.comb(trials, k) for k in range(tail + 1)) / 2**trials
+    return min(1.0, 2 * p)
 
 
 def rows(prepared: list[Prepared], timed: list[dict[str, Timed]]) -> list[dict]:
@@ -83,6 +94,7 @@ class Target:
     applies: Callable[[dict], bool]
     value: Callable[[dict], float | None]
     holds: Callable[[float], bool]
+    ratio: str | None = None  # the ratio `value` reads, for its per-round record
 
 
 def _is(layer=None, shape=None, modes=None, tensor_start=None) -> Callable[[dict], bool]:
@@ -108,6 +120,7 @@ TARGETS = (
         lambda row: _is(modes=("function", "xla"))(row) and not row["tiny"],
         lambda row: row["ours_over_floor"],
         lambda ratio: ratio <= 1.2,
+        "ours/floor",
     ),
     Target(
         "sinusoidal (1, 4096, 1024), eager and tf.function: keras_hub/ours >= 4",
@@ -132,6 +145,7 @@ TARGETS = (
         lambda row: "keras_hub_over_ours" in row,
         _hub_ratio,
         lambda ratio: ratio >= 1.0,
+        "keras_hub/ours",
     ),
     Target(
         "eager per-call cost on (1, 16, 64) <= 1 ms",
@@ -163,6 +177,7 @@ def evaluate_targets(table: list[dict]) -> list[dict]:
                 "value": value,
                 "holds": target.holds(value),
                 "control_over_floor": row["control_over_floor"],
+                "paired": row["ratios"][target.ratio] if target.ratio else None,
             }
             for row in table
             if target.applies(row) and (value := target.value(row)) is not None
@@ -231,13 +246,23 @@ def markdown(meta: dict, table: list[dict], targets: list[dict]) -> str:
             verdict = "**met**"
         else:
             misses = "; ".join(
-                f"{m['row']}: {m['value']:.3g} (control/floor {m['control_over_floor']:.2f})"
-                for m in target["misses"]
+                f"{m['row']}: {m['value']:.3g} ({_miss_detail(m)})" for m in target["misses"]
             )
             verdict = f"**missed** ({misses})"
         lines.append(f"- {target['target']}: {verdict}")
     lines += ["", *_new_start_lines(table)]
     return "\n".join(lines) + "\n"
+
+
+def _miss_detail(miss: dict) -> str:
+    """The row's noise: control/floor, and for a ratio, how its rounds split."""
+    detail = f"control/floor {miss['control_over_floor']:.2f}"
+    paired = miss["paired"]
+    if paired is None:
+        return detail
+    faster, rounds = paired["numerator_faster_rounds"], paired["rounds"]
+    p = sign_test(faster, rounds)
+    return f"{detail}; numerator faster in {faster} of {rounds} rounds, sign test p = {p:.2g}"
 
 
 def _new_start_lines(table: list[dict]) -> list[str]:
