@@ -326,10 +326,10 @@ class PositionTable:
         elif isinstance(length, (int, np.integer)) and length > CACHED_POSITIONS:
             fits = False  # whatever the start (and XLA rejects a slice longer than the table)
         else:
-            fits = tf.get_static_value(start + length <= CACHED_POSITIONS)
+            fits = tf.get_static_value(start <= CACHED_POSITIONS - length)
         if fits is not None:
             return combine(*(from_cache() if fits else computed()))
-        cached = start + length <= CACHED_POSITIONS
+        cached = start <= CACHED_POSITIONS - length  # a sum could wrap around in int32
         if in_xla_context():
             # The computed rows must not fuse into `combine`: XLA would compute them again
             # for every batch row and head (2-3x the floor). A conditional is a fusion

@@ -96,6 +96,12 @@ def _start_index(start_index):
     if value is not None:
         # Known now (eager, or a constant): as a Python int every later step stays static.
         return int(value)
+    if start_index.dtype.size > 4 or start_index.dtype.is_unsigned:
+        # Saturate rather than wrap: 2^32 + 5 must fail the range check, not become 5.
+        bounds = np.iinfo(np.int32)
+        start_index = tf.clip_by_value(
+            tf.cast(start_index, tf.int64), np.int64(bounds.min), np.int64(bounds.max)
+        )
     return tf.cast(start_index, tf.int32)
 
 
@@ -205,23 +211,25 @@ def position_rows(
             f"the sequence has {length} steps but positions must stay within {limit}; {limit_hint}"
         )
 
-    def run_message(first, end):
+    def run_message(first, steps):
         if isinstance(first, int) and first < 0:
             return f"start_index must be >= 0, got {first}. Positions count from 0."
-        if isinstance(end, int):
+        if isinstance(first, int) and isinstance(steps, int):
             return (
-                f"the positions run to {end} (start_index + sequence length) but must "
-                f"stay within {limit}; {limit_hint}"
+                f"the positions run to {first + steps} (start_index + sequence length) but "
+                f"must stay within {limit}; {limit_hint}"
             )
         return (
             f"start_index must be >= 0 and the positions must stay within {limit} "
-            f"({limit_hint}); start_index and start_index + sequence length follow."
+            f"({limit_hint}); start_index and the sequence length follow."
         )
 
+    # `start <= limit - length`, not `start + length <= limit`: the sum of two int32
+    # tensors wraps around near 2^31 and would pass.
     checks = _check(
-        lambda first, end: (first >= 0) & (end <= limit), [start, start + length], run_message
+        lambda first, steps: (first >= 0) & (first <= limit - steps), [start, length], run_message
     )
-    valid = (start >= 0) & (start + length <= limit)
+    valid = (start >= 0) & (start <= limit - length)
     return table.slice(
         _after(checks, start),
         length,
