@@ -14,7 +14,7 @@ from conftest import POSITION_KINDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keras_posenc import RotaryEmbedding, rotary
+from keras_posenc import RotaryEmbedding, _tf
 
 ROTARY_TOLERANCE = 5e-7
 LAYOUTS = ["half", "interleaved"]
@@ -77,18 +77,18 @@ def test_rotation_matches_the_formula(in_mode, positions_case, position_kind, la
 
 @pytest.mark.parametrize("form", ["heads", "features-before-heads", "partial"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("swap", ["gather", "stack"])
+@pytest.mark.parametrize("swap", ["gather", "concat"])
 def test_both_xla_swaps_match_the_formula(monkeypatch, traced_graph, swap, layout, form):
-    # Under XLA the swap is a stack below a size and a gather above it (the two also take
-    # the rows of a runtime start differently); the inputs here are small, so the
+    # Under XLA:CPU the swap is a concat below a size and a gather above it (the two also
+    # take the rows of a runtime start differently); the inputs here are small, so the
     # threshold moves to put each form to the test.
-    monkeypatch.setattr(rotary, "XLA_STACK_SWAP_BYTES", 0 if swap == "gather" else 2**40)
+    monkeypatch.setattr(_tf, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40)
     shape, layer_arguments, reference_arguments = INPUT_FORMS[form]
     layer = RotaryEmbedding(layout=layout, **layer_arguments)
     x = _uniform(shape)
     rotate = tf.function(lambda x: layer(x, start_index=3), jit_compile=True)
     op_types, _ = traced_graph(rotate.get_concrete_function(tf.constant(x)))
-    # With a static start the rows are a slice of the cache: the only gather is the swap.
+    # With a static start the rows are constants of the trace: the only gather is the swap.
     assert ("GatherV2" in op_types) == (swap == "gather")
     expected = reference.rotary(x, np.arange(3, 3 + shape[1]), layout=layout, **reference_arguments)
     np.testing.assert_allclose(rotate(tf.constant(x)), expected, rtol=0, atol=ROTARY_TOLERANCE)
