@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import keras
 import ml_dtypes
 import numpy as np
 import pytest
@@ -225,56 +224,6 @@ def test_float64_policy():
     assert outputs.dtype == tf.float64
     expected = reference.rotary(x, np.arange(123456, 123462))
     np.testing.assert_allclose(outputs, expected, rtol=0, atol=ROTARY_TOLERANCE)
-
-
-# --- Keras conventions -------------------------------------------------------------------
-
-
-def test_mask_passes_through():
-    ids = np.array([[3, 1, 4, 0], [2, 0, 0, 0]])
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
-    outputs = RotaryEmbedding()(embedded)
-    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
-
-
-def test_compute_output_shape():
-    layer = RotaryEmbedding()
-    assert tuple(layer.compute_output_shape((2, None, 4, 8))) == (2, None, 4, 8)
-    assert tuple(layer(keras.Input((None, 4, 8))).shape) == (None, None, 4, 8)
-    assert tuple(RotaryEmbedding()(keras.Input((None, 6))).shape) == (None, None, 6)
-
-
-def test_config_round_trip():
-    layer = RotaryEmbedding(
-        max_wavelength=500000.0,
-        layout="interleaved",
-        rotary_dim=4,
-        sequence_axis=2,
-        feature_axis=3,
-        name="rope",
-    )
-    config = layer.get_config()
-    clone = RotaryEmbedding.from_config(config)
-    assert clone.get_config() == config
-    x = _uniform((1, 2, 5, 6))
-    expected = reference.rotary(
-        x, np.arange(5), 500000.0, "interleaved", rotary_dim=4, sequence_axis=2, feature_axis=3
-    )
-    np.testing.assert_allclose(clone(x), expected, rtol=0, atol=ROTARY_TOLERANCE)
-
-
-def test_keras_file_round_trip(tmp_path):
-    inputs = keras.Input((None, 12))
-    heads = keras.layers.Reshape((-1, 2, 6))(inputs)
-    rotated = RotaryEmbedding(layout="interleaved", rotary_dim=4, max_wavelength=77.0)(heads)
-    model = keras.Model(inputs, keras.layers.Dense(3)(rotated))
-    path = tmp_path / "rotary.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    layer = next(la for la in loaded.layers if isinstance(la, RotaryEmbedding))
-    assert (layer.layout, layer.rotary_dim, layer.max_wavelength) == ("interleaved", 4, 77.0)
-    x = _uniform((2, 11, 12))
-    np.testing.assert_array_equal(loaded(x), model(x))
 
 
 # --- Errors ------------------------------------------------------------------------------

@@ -212,58 +212,6 @@ def test_float64_policy_keeps_float64_inputs():
     np.testing.assert_allclose(outputs, expected, rtol=0, atol=TABLE_TOLERANCE)
 
 
-# --- Keras conventions -------------------------------------------------------------------
-
-
-def test_mask_passes_through():
-    ids = np.array([[3, 1, 4, 0, 0], [2, 0, 0, 0, 0]])
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
-    outputs = SinusoidalPositionalEncoding()(embedded)
-    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
-
-
-def test_mask_reaches_the_next_layer_of_a_functional_model():
-    ids = keras.Input((None,), dtype="int32")
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True, embeddings_initializer="zeros")(ids)
-    pooled = keras.layers.GlobalAveragePooling1D()(SinusoidalPositionalEncoding()(embedded))
-    model = keras.Model(ids, pooled)
-    tokens = np.array([[3, 1, 4, 0, 0], [2, 0, 0, 0, 0]])
-    table = reference.sinusoidal(np.arange(5), 8)
-    expected = [table[:3].mean(0), table[:1].mean(0)]
-    np.testing.assert_allclose(model(tokens), expected, rtol=0, atol=1e-6)
-
-
-def test_compute_output_shape():
-    layer = SinusoidalPositionalEncoding()
-    assert tuple(layer.compute_output_shape((2, None, 8))) == (2, None, 8)
-    symbolic = layer(keras.Input((None, 8)))
-    assert tuple(symbolic.shape) == (None, None, 8)
-
-
-def test_config_round_trip():
-    layer = SinusoidalPositionalEncoding(max_wavelength=500.0, layout="concat", name="pe")
-    config = layer.get_config()
-    assert config["max_wavelength"] == 500.0 and config["layout"] == "concat"
-    clone = SinusoidalPositionalEncoding.from_config(config)
-    assert clone.get_config() == config
-    expected = reference.sinusoidal(np.arange(7), 10, 500.0, "concat")
-    np.testing.assert_allclose(clone(tf.zeros((1, 7, 10)))[0], expected, rtol=0, atol=1e-7)
-
-
-def test_keras_file_round_trip(tmp_path):
-    inputs = keras.Input((None, 8))
-    encoded = SinusoidalPositionalEncoding(max_wavelength=900.0, layout="concat")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(3)(encoded))
-    path = tmp_path / "sinusoidal.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    layer = loaded.layers[1]
-    assert isinstance(layer, SinusoidalPositionalEncoding)
-    assert (layer.max_wavelength, layer.layout) == (900.0, "concat")
-    x = np.random.default_rng(4).normal(size=(2, 13, 8)).astype(np.float32)
-    np.testing.assert_array_equal(loaded(x), model(x))
-
-
 # --- Errors ------------------------------------------------------------------------------
 
 
