@@ -58,11 +58,21 @@ class Size:
     num_heads: int
     epochs: int
     batch_size: int = 64
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-3
 
 
 FULL = Size(grid=8, patch=2, train_examples=4096, test_pairs=1024, width=32, num_heads=2, epochs=10)
-TINY = Size(grid=4, patch=2, train_examples=1024, test_pairs=256, width=32, num_heads=2, epochs=8)
+# Few steps: a larger step size.
+TINY = Size(
+    grid=4,
+    patch=2,
+    train_examples=1024,
+    test_pairs=256,
+    width=32,
+    num_heads=2,
+    epochs=8,
+    learning_rate=3e-3,
+)
 
 
 # --------------------------------------------------------------------------------------
