@@ -131,19 +131,17 @@ def _checked_value(key: str, value, rope_type: str):
             raise ValueError(f"{where} must be true or false, got {short_repr(value)}.")
         return bool(value)
     if key in _LIST_KEYS:
-        values = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-        if (
-            values is None
-            or values.ndim != 1
-            or not all(_is_number(v) for v in values.tolist())
-            or not np.all(np.isfinite(values.astype(np.float64)))
-            or not np.all(values.astype(np.float64) > 0)
-        ):
+        items = None
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            items = value.tolist()
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        if items is None or not all(_is_number(v) and math.isfinite(v) and v > 0 for v in items):
             raise ValueError(
                 f"{where} must be a list of finite positive numbers, got {short_repr(value)}."
             )
         # Plain floats: the dict goes into get_config and .keras files as JSON.
-        return [float(v) for v in values.tolist()]
+        return [float(v) for v in items]
     if not _is_number(value) or not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number, got {short_repr(value)}.")
     if key in _INTEGER_KEYS:
