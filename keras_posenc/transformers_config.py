@@ -31,7 +31,8 @@ class Family:
         partial: its default `partial_rotary_factor`.
         legacy: transformers-4 keys it reads, mapped to `(layer type or None, rope key)`.
         scaling_types: the layer types a transformers-4 `rope_scaling` applies to (None: all).
-        fixed: the family's code takes no RoPE keys at all (GPT-J, CodeGen).
+        fixed: the family's code takes no RoPE keys but `rotary_dim` (GPT-J, CodeGen).
+        head_dim: its default `head_dim` (None: `hidden_size // num_attention_heads`).
     """
 
     layout: str = "half"
@@ -40,6 +41,7 @@ class Family:
     legacy: Mapping[str, tuple[str | None, str]] = dataclasses.field(default_factory=dict)
     scaling_types: tuple[str, ...] | None = None
     fixed: bool = False
+    head_dim: int | None = None
 
 
 _GLOBAL_LOCAL = {FULL: 1e6, SLIDING: 1e4}
@@ -52,17 +54,17 @@ FAMILIES: dict[str, Family] = {
             "mistral",
             "qwen2",
             "qwen2_moe",
-            "qwen3",
             "qwen3_moe",
             "phi3",
-            "gemma",
-            "gemma2",
             "olmo2",
             "granite",
             "starcoder2",
         )
     },
     "mixtral": Family(theta=1e6),
+    "qwen3": Family(head_dim=128),
+    "gemma": Family(head_dim=256),
+    "gemma2": Family(head_dim=256),
     "phi": Family(partial=0.5),
     "stablelm": Family(partial=0.25),
     "gpt_neox": Family(
@@ -79,6 +81,7 @@ FAMILIES: dict[str, Family] = {
             "rope_local_base_freq": (SLIDING, "rope_theta"),
         },
         scaling_types=(FULL,),
+        head_dim=256,
     ),
     "modernbert": Family(
         theta={FULL: 160000.0, SLIDING: 1e4},
@@ -88,8 +91,8 @@ FAMILIES: dict[str, Family] = {
         },
     ),
     "cohere": Family(layout="interleaved", theta=500000.0),
-    "glm": Family(layout="interleaved", partial=0.5),
-    "glm4": Family(layout="interleaved", partial=0.5),
+    "glm": Family(layout="interleaved", partial=0.5, head_dim=128),
+    "glm4": Family(layout="interleaved", partial=0.5, head_dim=128),
     "gptj": Family(layout="interleaved", fixed=True),
     "codegen": Family(layout="interleaved", fixed=True),
     # `rope_interleave` (default true) picks the layout; see `_layout`.
@@ -152,6 +155,9 @@ def _positive_int(config: dict, key: str) -> int:
 
 
 def _head_dim(config: dict, model_type: str) -> int:
+    family = FAMILIES.get(model_type)
+    if family is not None and family.head_dim is not None and "head_dim" not in config:
+        return family.head_dim
     if model_type == "deepseek_v3":
         # Only the qk_rope_head_dim channels of each head (q_pe, k_pe) are rotated.
         return _positive_int({"qk_rope_head_dim": 64, **config}, "qk_rope_head_dim")
@@ -351,9 +357,9 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         # GPT-J / CodeGen: base 10000 and no scaling in their code; only rotary_dim.
         consumed.add("rotary_dim")
         _unread(config, consumed)
-        rotary_dim = (
-            head_dim if config.get("rotary_dim") is None else _positive_int(config, "rotary_dim")
-        )
+        # Their config's default is 64; a null makes their code build its tables for the
+        # whole width, not the head: refused by _positive_int.
+        rotary_dim = _positive_int({"rotary_dim": 64, **config}, "rotary_dim")
         theta, scaling = 10000.0, None
     else:
         entries = _rope_entries(config, family, consumed)

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from keras_posenc import RotaryEmbedding
-from keras_posenc.transformers_config import FAMILIES, rotary_arguments
+from keras_posenc.transformers_config import FAMILIES, attention_arguments, rotary_arguments
 
 torch.manual_seed(0)
 SIZES = {
@@ -266,6 +266,9 @@ def test_queries_and_keys_equal_transformers(name):
     for layer_type in case.layer_types:
         forms = [rotary_arguments(form, layer_type) for form in (raw, config, config.to_dict())]
         assert forms[0] == forms[1] == forms[2], forms
+        if case.model_type != "deepseek_v3":
+            heads = [attention_arguments(form, layer_type) for form in (raw, config)]
+            assert heads[0] == heads[1], heads
         layer = RotaryEmbedding.from_transformers_config(
             raw, layer_type=layer_type, positions_from_mask=True
         )
@@ -298,3 +301,23 @@ def test_queries_and_keys_equal_transformers(name):
         for pre, post in call:
             pre, post = _numpy(pre, case.sequence_axis), _numpy(post, case.sequence_axis)
             _close(case, _our_rotation(layer, pre, start_index=DECODE_POSITION), post)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_keys_a_config_leaves_out_get_transformers_defaults(model_type):
+    """A config.json with only the sizes reads as transformers' config class fills it in."""
+    case = next(case for case in CASES.values() if case.model_type == model_type)
+    raw = {"model_type": model_type, **case.sizes}
+    if model_type in ("gptj", "codegen"):
+        raw["n_embd"] = 512  # heads of 128 channels, for their default rotary_dim 64
+    if model_type == "deepseek_v3":
+        raw["num_key_value_heads"] = 4
+    config = transformers.AutoConfig.for_model(**raw)
+    types = [None]
+    if model_type in ("gemma3_text", "modernbert"):
+        types = ["full_attention", "sliding_attention"]
+    for layer_type in types:
+        assert rotary_arguments(raw, layer_type) == rotary_arguments(config, layer_type)
+        assert rotary_arguments(raw, layer_type) == rotary_arguments(config.to_dict(), layer_type)
+        if model_type != "deepseek_v3":  # multi-head latent attention: no attention arguments
+            assert attention_arguments(raw, layer_type) == attention_arguments(config, layer_type)
