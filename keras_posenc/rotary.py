@@ -317,6 +317,17 @@ class RotaryEmbedding(keras.layers.Layer):
                 (Gemma 3, ModernBERT: `"full_attention"` / `"sliding_attention"`).
             **overrides: further `RotaryEmbedding` arguments (`name`, `sequence_axis`, ...),
                 or ones that replace what the config gives.
+
+        Example:
+
+        >>> llama31 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+        ...            "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        ...            "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                             "original_max_position_embeddings": 8192}}
+        >>> rope = RotaryEmbedding.from_transformers_config(llama31)
+        >>> rope.max_wavelength, rope.layout, rope.scaling["rope_type"]
+        (500000.0, 'half', 'llama3')
         """
         from keras_posenc.transformers_config import rotary_arguments
 

@@ -343,6 +343,13 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     Returns:
         `{"max_wavelength", "layout", "rotary_dim", "scaling"}`; `rotary_dim` is None when
         the whole head rotates.
+
+    Example:
+
+    >>> pythia = {"model_type": "gpt_neox", "hidden_size": 768, "num_attention_heads": 12,
+    ...           "rotary_pct": 0.25, "rotary_emb_base": 10000}
+    >>> rotary_arguments(pythia)
+    {'max_wavelength': 10000.0, 'layout': 'half', 'rotary_dim': 16, 'scaling': None}
     """
     config = _language_config(_as_dict(config))
     model_type, family = _family(config, layout)
@@ -401,6 +408,13 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
     Returns:
         The head arguments and `max_wavelength`, `rotary_layout`, `rotary_dim`,
         `rotary_scaling`.
+
+    Example:
+
+    >>> mistral = {"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
+    ...            "num_key_value_heads": 8, "rope_theta": 1000000.0}
+    >>> attention_arguments(mistral)["num_key_value_heads"]
+    8
     """
     rotary = rotary_arguments(config, layer_type)
     config = _language_config(_as_dict(config))

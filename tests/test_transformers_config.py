@@ -5,12 +5,13 @@ The dicts restate the RoPE-relevant keys of the checkpoints' published config.js
 hand. Parity with transformers' own code is in `test_transformers_parity.py`.
 """
 
+import doctest
 import math
 
 import numpy as np
 import pytest
 
-from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention
+from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, transformers_config
 from keras_posenc.transformers_config import attention_arguments, rotary_arguments
 
 LONG_48 = [1.0 + 0.25 * k for k in range(48)]
@@ -397,3 +398,8 @@ def test_attention_arguments():
         attention_arguments(DEEPSEEK_V3)
     with pytest.raises(ValueError, match="form must be"):
         attention_arguments(LLAMA31, form="gpa")
+
+
+def test_docstring_examples_run():
+    results = doctest.testmod(transformers_config, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert results.attempted > 0 and results.failed == 0
