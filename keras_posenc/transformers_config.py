@@ -26,6 +26,7 @@ from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exp
 )
 
 _ROPE_KEY = re.compile("rope|rotary")
+_EARLY_CHECK_DIM = 2**14
 # RoPE-named keys that are not RoPE parameters.
 _NOT_ROPE = {"qk_nope_head_dim", "use_rope"}
 
@@ -298,8 +299,6 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         _unread(config, consumed)
         _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
         theta, partial, scaling = _scaling(entry, config, original_top=None in entries)
-        if not 0 < partial <= 1:
-            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {short_repr(partial)}.")
         rotary_dim = int(head_dim * partial)
     if rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(
@@ -308,8 +307,10 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         )
     if family.fixed and layer_type is not None:
         _chosen({None: {}}, [], layer_type)
-    # Bad scaling values (a longrope list of the wrong length) fail here, not at build.
-    rope_parameters(rotary_dim, theta, scaling)
+    if rotary_dim <= _EARLY_CHECK_DIM:
+        # Bad scaling values (a longrope list of the wrong length) fail here, not at build;
+        # a crafted head size past any real one is left to build, which checks it first.
+        rope_parameters(rotary_dim, theta, scaling)
     return {
         "max_wavelength": theta,
         "layout": family_layout,

@@ -7,6 +7,7 @@ hand. Parity with transformers' own code is in `test_transformers_parity.py`.
 
 import doctest
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -403,3 +404,12 @@ def test_attention_arguments():
 def test_docstring_examples_run():
     results = doctest.testmod(transformers_config, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert results.attempted > 0 and results.failed == 0
+
+
+def test_a_crafted_head_size_allocates_nothing_before_build():
+    crafted = {**MISTRAL, "head_dim": 10**9, "partial_rotary_factor": 0.5}
+    tracemalloc.start()
+    layer = RotaryEmbedding.from_transformers_config(crafted)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert layer.rotary_dim == 5 * 10**8 and peak < 2**20, peak
