@@ -11,6 +11,7 @@ config.json holds, the config object, its `to_dict()`), which must give the same
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 
@@ -18,8 +19,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_transformers_config import PUBLISHED
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
+from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.transformers_config import FAMILIES, attention_arguments, rotary_arguments
 
 torch.manual_seed(0)
@@ -321,3 +325,29 @@ def test_keys_a_config_leaves_out_get_transformers_defaults(model_type):
         assert rotary_arguments(raw, layer_type) == rotary_arguments(config.to_dict(), layer_type)
         if model_type != "deepseek_v3":  # multi-head latent attention: no attention arguments
             assert attention_arguments(raw, layer_type) == attention_arguments(config, layer_type)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs_read_as_transformers_reads_them(name):
+    """The real-size config.json formats: same arguments, and the frequencies transformers makes."""
+    raw, layer_type, _ = PUBLISHED[name]
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    assert rotary_arguments(config, layer_type) == rotary_arguments(raw, layer_type)
+    text = getattr(config, "text_config", None) or config
+    parameters = getattr(text, "rope_parameters", None) or {}
+    if layer_type is not None:
+        parameters = parameters[layer_type]
+    if parameters.get("rope_type", "default") == "default":
+        return
+    arguments = rotary_arguments(raw, layer_type)
+    head_dim = (
+        attention_arguments(raw, layer_type)["head_dim"]
+        if raw["model_type"] != "deepseek_v3"
+        else raw["qk_rope_head_dim"]
+    )
+    rotary_dim = arguments["rotary_dim"] or head_dim
+    ours = rope_parameters(rotary_dim, arguments["max_wavelength"], arguments["scaling"])
+    init = ROPE_INIT_FUNCTIONS[parameters["rope_type"]]
+    theirs, attention_factor = init(text, "cpu", layer_type=layer_type)
+    np.testing.assert_allclose(ours.inverse_frequencies, theirs.double().numpy(), rtol=2e-6)
+    assert ours.attention_factor == pytest.approx(attention_factor, rel=1e-12)
