@@ -13,6 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DOCS, help=f"default {DOCS}")
     parser.add_argument("--without-keras-hub", action="store_true")
     args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.precision", *argv])
     hub, versions = None, f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
     if not args.without_keras_hub:
         import keras_hub
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# Precision against float64",
             "",
-            f"Written by `python -m benchmarks.precision` ({date}, {versions}, CPU): the max "
+            f"Written by `{command}` ({date}, {versions}, CPU): the max "
             "abs error of each layer's output against the formula in numpy float64 "
             "(`tests/reference.py`), over every position in the range.",
             "",

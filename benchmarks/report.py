@@ -109,15 +109,6 @@ def misses(table: list[dict]) -> dict[str, list[str]]:
     return found
 
 
-def _cell(result: dict | None) -> str:
-    return "–" if result is None else f"{result['median_ms']:.3f} ({result['min_ms']:.3f})"
-
-
-def _times(row: dict, ratio: str) -> str:
-    value = row["ratios"].get(ratio)
-    return "–" if value is None else f"{value['of_medians']:.2f}"
-
-
 def results_table(table: list[dict]) -> list[str]:
     lines = [
         "| layer | shape | start | mode | floor | ours | keras_hub | ours/floor "
@@ -125,15 +116,16 @@ def results_table(table: list[dict]) -> list[str]:
         "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in table:
-        results, hub = row["results"], row["results"].get("keras_hub")
+        results, ratios = row["results"], row["ratios"]
+        times = [results.get(n) for n in ("floor", "ours", "keras_hub")]
+        times = ["–" if r is None else f"{r['median_ms']:.3f} ({r['min_ms']:.3f})" for r in times]
+        quotients = [ratios.get(k) for k in ("ours/floor", "keras_hub/ours", "control/floor")]
+        quotients = ["–" if q is None else f"{q['of_medians']:.2f}" for q in quotients]
+        errors = [results.get(n) for n in ("ours", "keras_hub")]
+        errors = ["–" if r is None else f"{r['max_abs_error']:.1e}" for r in errors]
         start = row["start"] + (" †" if row["past_cache"] else "")
-        lines.append(
-            f"| {row['layer']} | {tuple(row['shape'])} | {start} | {row['mode']} "
-            f"| {_cell(results['floor'])} | {_cell(results['ours'])} | {_cell(hub)} "
-            f"| {_times(row, 'ours/floor')} | {_times(row, 'keras_hub/ours')} "
-            f"| {_times(row, 'control/floor')} | {results['ours']['max_abs_error']:.1e} "
-            f"| {'–' if hub is None else format(hub['max_abs_error'], '.1e')} |"
-        )
+        cells = [row["layer"], str(tuple(row["shape"])), start, row["mode"], *times, *quotients]
+        lines.append("| " + " | ".join(cells + errors) + " |")
     return lines
 
 
