@@ -6,14 +6,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc._checks import (
+    checked_call_input,
+    checked_choice,
+    checked_even_width,
+    checked_float_policy,
+    checked_int,
+    checked_max_wavelength,
+    checked_positive_int,
+)
+from keras_posenc._tf import add_rounded_once
+from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
+    FREQUENCY_SPACINGS,
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
-    add_rounded_once,
-    checked_choice,
-    checked_even_width,
-    checked_max_wavelength,
     inverse_frequencies,
     position_table,
 )
@@ -29,33 +37,58 @@ def _interleave(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
 
 
 def _concat(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
-    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...], as in tensor2tensor.
+    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...]: the layout of tensor2tensor, fairseq and
+    # Whisper (which also space the frequencies their own way: frequency_spacing).
     return tf.concat([sin, cos], axis=-1)
 
 
 _LAYOUT_FUNCTIONS = {"interleaved": _interleave, "concat": _concat}
 
 
-def encoding_table(width: int, max_wavelength: float, layout: str) -> PositionTable:
+def encoding_table(
+    width: int, max_wavelength: float, layout: str, frequency_spacing: str = "vaswani"
+) -> PositionTable:
     """The shared `PositionTable` whose rows are the encoding `p_i`."""
     return position_table(
-        ("sinusoidal", width, max_wavelength, layout),
+        ("sinusoidal", width, max_wavelength, layout, frequency_spacing),
         lambda: PositionTable(
-            FrequencyTable(inverse_frequencies(width, max_wavelength)),
+            FrequencyTable(inverse_frequencies(width, max_wavelength, frequency_spacing)),
             lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
         ),
     )
 
 
+def axes_encoding_rows(
+    width: int, axes: int, max_wavelength: float, layout: str, frequency_spacing: str
+) -> AxesRows:
+    """Rows `[encode(axis 0), encode(axis 1), ...]` of `width / axes` channels each."""
+    omega = inverse_frequencies(width // axes, max_wavelength, frequency_spacing)
+    pairs = AxisPairs(np.tile(omega, axes), np.repeat(np.arange(axes), len(omega)))
+
+    def make_rows(sin, cos):
+        blocks = zip(tf.split(sin, axes, -1), tf.split(cos, axes, -1), strict=True)
+        return (tf.concat([_LAYOUT_FUNCTIONS[layout](s, c) for s, c in blocks], -1),)
+
+    return AxesRows(pairs.sin_cos, make_rows, axes)
+
+
 def sinusoidal_table(
-    length: int, width: int, max_wavelength: float = 10000.0, layout: str = "interleaved"
+    length: int,
+    width: int,
+    max_wavelength: float = 10000.0,
+    layout: str = "interleaved",
+    frequency_spacing: str = "vaswani",
 ) -> np.ndarray:
     """The encoding `P` for positions `0 .. length - 1` as a float32 numpy array `(length, width)`.
 
-    Each value is the float64 formula rounded once to float32.
+    Each value is the float64 formula rounded once to float32. `layout` and
+    `frequency_spacing` are those of `SinusoidalPositionalEncoding`.
     """
+    length = checked_int(length, "length", minimum=0)
     checked_choice("layout", layout, LAYOUTS)
-    frequencies = FrequencyTable(inverse_frequencies(checked_even_width(width), max_wavelength))
+    frequencies = FrequencyTable(
+        inverse_frequencies(checked_even_width(width), max_wavelength, frequency_spacing)
+    )
     with tf.init_scope():
         sin, cos = (tf.constant(t) for t in frequencies.host_sin_cos(np.arange(length)))
         return _LAYOUT_FUNCTIONS[layout](sin, cos).numpy().astype(np.float32)
@@ -71,20 +104,35 @@ class SinusoidalInitializer(keras.initializers.Initializer):
     Args:
         max_wavelength: the base of the frequencies.
         layout: `"interleaved"` or `"concat"`.
+        frequency_spacing: `"vaswani"` or `"tensor2tensor"` (see `SinusoidalPositionalEncoding`).
     """
 
-    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved"):
+    def __init__(
+        self,
+        max_wavelength: float = 10000.0,
+        layout: str = "interleaved",
+        frequency_spacing: str = "vaswani",
+    ):
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
+        self.frequency_spacing = checked_choice(
+            "frequency_spacing", frequency_spacing, FREQUENCY_SPACINGS
+        )
 
     def __call__(self, shape, dtype=None):
         if len(shape) != 2:
             raise ValueError(f"SinusoidalInitializer makes (length, width) tables, got {shape}.")
-        table = sinusoidal_table(shape[0], shape[1], self.max_wavelength, self.layout)
+        table = sinusoidal_table(
+            shape[0], shape[1], self.max_wavelength, self.layout, self.frequency_spacing
+        )
         return tf.cast(table, dtype or "float32")
 
     def get_config(self) -> dict:
-        return {"max_wavelength": self.max_wavelength, "layout": self.layout}
+        return {
+            "max_wavelength": self.max_wavelength,
+            "layout": self.layout,
+            "frequency_spacing": self.frequency_spacing,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -96,6 +144,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     `[sin(i·ω_0), ..., cos(i·ω_0), ...]` (`layout="concat"`), and the layer returns
     `inputs + P`. The table is computed in float64 on the host and rounded once to float32
     (exact at every position below 2^24), whatever the dtype policy; only the result is cast.
+    Checkpoints trained with tensor2tensor, fairseq or Whisper use `layout="concat"` with
+    `frequency_spacing="tensor2tensor"` (`ω_k = max_wavelength^(-k/(width/2 - 1))`).
 
     Example:
 
@@ -107,6 +157,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Args:
         max_wavelength: the base of the frequencies (10000 in the paper).
         layout: `"interleaved"` (sin/cos alternate) or `"concat"` (all sin, then all cos).
+        frequency_spacing: `"vaswani"` (`ω_k = max_wavelength^(-2k/width)`, the paper) or
+            `"tensor2tensor"` (`max_wavelength^(-k/(width/2 - 1))`: the last pair reaches
+            exactly `1/max_wavelength`; tensor2tensor, fairseq, Whisper).
+        axes: the coordinates per position (2 for image patches, 3 for video): the width
+            is split evenly, each axis its own encoding of `width / axes` channels
+            (`[encode(axis 0), encode(axis 1), ...]`; MAE's 2D table is
+            `layout="concat"` with positions `(column, row)`). Positions are then
+            required, `(sequence, axes)` or `(batch, sequence, axes)` (see
+            `keras_posenc.grid_positions`).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -119,10 +178,22 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Input shape: `(batch, sequence, width)`. Output shape: the same. A Keras mask passes through.
     """
 
-    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved", **kwargs):
+    def __init__(
+        self,
+        max_wavelength: float = 10000.0,
+        layout: str = "interleaved",
+        frequency_spacing: str = "vaswani",
+        axes: int = 1,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
+        self.axes = checked_positive_int(axes, "axes")
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
+        self.frequency_spacing = checked_choice(
+            "frequency_spacing", frequency_spacing, FREQUENCY_SPACINGS
+        )
+        checked_float_policy(self)
         self.supports_masking = True
 
     def build(self, input_shape) -> None:
@@ -132,11 +203,31 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 f"got shape {tuple(input_shape)}."
             )
         width = checked_even_width(input_shape[-1], "the input width (last axis)")
-        self._table = encoding_table(width, self.max_wavelength, self.layout)
+        self._table_width = width
+        if self.axes == 1:
+            self._table = encoding_table(
+                width, self.max_wavelength, self.layout, self.frequency_spacing
+            )
+        elif width % (2 * self.axes):
+            raise ValueError(
+                f"A {self.axes}-axis encoding splits the width evenly into sin/cos pairs per "
+                f"axis: the width must be a multiple of {2 * self.axes}, got {width}."
+            )
+        else:
+            self._table = axes_encoding_rows(
+                width, self.axes, self.max_wavelength, self.layout, self.frequency_spacing
+            )
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
-        return position_rows(
+        checked_call_input(self, inputs, 3, {-1: self._table_width})
+        if self.axes > 1 and positions is None:
+            raise ValueError(
+                f"A {self.axes}-axis encoding needs positions of shape (sequence, {self.axes}) "
+                f"or (batch, sequence, {self.axes}), one coordinate per axis; for a patch grid "
+                "use positions=keras_posenc.grid_positions(height, width)."
+            )
+        outputs = position_rows(
             self._table,
             static_dim(inputs, 1),
             positions,
@@ -144,12 +235,25 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
             combine=lambda encoding: add_rounded_once(inputs, encoding),
+            batch=static_dim(inputs, 0),
+            axes=self.axes,
         )
+        # The rows' own shapes are not always static (rows chosen at run time): keep the
+        # input's, so that a layer after this one (an Einsum) converts without Flex ops.
+        outputs.set_shape(inputs.shape)
+        return outputs
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update({"max_wavelength": self.max_wavelength, "layout": self.layout})
+        config.update(
+            {
+                "max_wavelength": self.max_wavelength,
+                "layout": self.layout,
+                "frequency_spacing": self.frequency_spacing,
+                "axes": self.axes,
+            }
+        )
         return config
