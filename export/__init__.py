@@ -11,6 +11,6 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from export.cli import main  # noqa: E402
+from keras_posenc.export.cli import main  # noqa: E402
 
 __all__ = ["main"]

@@ -87,7 +87,7 @@ def test_failed_verification_leaves_artifacts_and_exits_1(keras_file, tmp_path, 
         kernel.CopyFrom(onnx.numpy_helper.from_array(values, kernel.name))
         return proto
 
-    monkeypatch.setattr(kpe, "onnx_model", perturbed)
+    monkeypatch.setattr(kpe.onnx_export, "onnx_model", perturbed)
     out = tmp_path / "out"
     assert main(["--model", str(keras_file), "--out", str(out), *SMALL_GRID]) == 1
     folder = out / "my_model"
