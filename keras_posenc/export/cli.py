@@ -4,6 +4,7 @@ For each encoder the job writes, whole or not at all,
 
     <out>/<name>/saved_model/   the SavedModel (signature `serving_default`)
     <out>/<name>/model.onnx     the ONNX model
+    <out>/<name>/model.tflite   the LiteRT model (built-in ops only)
     <out>/<name>/report.json    the verification report (see `keras_posenc.export`)
 
 prints a progress line per step and, at the end, a table with one row per encoder and
@@ -21,10 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+# In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
+# installed package) into the current folder.
+CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT_ARTIFACTS = CHECKOUT / "export" / "artifacts"
+ARTIFACTS_NAME = "keras-posenc-artifacts"
 # The shapes whose latencies the table shows (those not verified show as "-").
 TABLE_SHAPES = ((1, 128), (8, 128))
-_ARTIFACT_FILES = ("report.json", "model.onnx", "saved_model")
+_ARTIFACT_FILES = ("report.json", "model.onnx", "model.tflite", "saved_model")
 
 
 @dataclass
@@ -54,15 +59,27 @@ def _positive_integer(text: str) -> int:
     return value
 
 
-def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def default_out() -> Path:
+    """`export/artifacts` when run inside the repository checkout, else ./keras-posenc-artifacts."""
+    in_checkout = (CHECKOUT / "export" / "__main__.py").is_file() and (
+        CHECKOUT / "pyproject.toml"
+    ).is_file()
+    if in_checkout and Path.cwd().resolve().is_relative_to(CHECKOUT):
+        return CHECKOUT_ARTIFACTS
+    return Path(ARTIFACTS_NAME)
+
+
+def parse_arguments(
+    argv: Sequence[str] | None = None, prog: str = "keras-posenc-export"
+) -> argparse.Namespace:
     from keras_posenc.export import BATCH_SIZES, DEFAULT_OPSET, SEQUENCE_LENGTHS, SUPPORTED_OPSETS
     from keras_posenc.export.encoders import DEFAULT_ENCODERS
 
     parser = argparse.ArgumentParser(
-        prog="python -m export",
+        prog=prog,
         description=(
-            "Export encoders to SavedModel and ONNX and verify Keras, the SavedModel and "
-            "onnxruntime against each other. Without --model: the built-in default "
+            "Export encoders to SavedModel, ONNX and LiteRT and verify the SavedModel, "
+            "onnxruntime and LiteRT against Keras. Without --model: the built-in default "
             "encoders (" + ", ".join(DEFAULT_ENCODERS) + ")."
         ),
     )
@@ -80,8 +97,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         metavar="DIR",
-        default=ARTIFACTS,
-        help="folder for the artifacts, one subfolder per model (default: export/artifacts)",
+        default=None,
+        help="folder for the artifacts, one subfolder per model (default: export/artifacts "
+        f"in the repository checkout, else ./{ARTIFACTS_NAME})",
     )
     parser.add_argument(
         "--opset",
@@ -121,6 +139,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="timed calls per runtime and shape; latency is their median (default: 7)",
     )
     arguments = parser.parse_args(argv)
+    if arguments.out is None:
+        arguments.out = default_out()
     if arguments.opset not in SUPPORTED_OPSETS:
         parser.error(
             f"--opset {arguments.opset} is not supported: tf2onnx writes opsets "
@@ -201,14 +221,22 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
             f"{tables:,} B {constants - parameters - tables:+,} B"
         )
 
-        shapes = export.verification_shapes(
-            job.longest, arguments.batch_sizes, arguments.sequence_lengths
+        clock = time.perf_counter()
+        export.save_litert(model, folder / "model.tflite")
+        log(
+            f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
+            f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
         )
-        log(f"verifying {len(shapes)} shapes against Keras ...")
+
+        cases = export.verification_cases(
+            model, arguments.batch_sizes, arguments.sequence_lengths, job.longest
+        )
+        log(f"verifying {len(cases)} cases against Keras ...")
         report = export.verify_export(
             model,
             folder / "saved_model",
             folder / "model.onnx",
+            litert_path=folder / "model.tflite",
             batch_sizes=arguments.batch_sizes,
             sequence_lengths=arguments.sequence_lengths,
             max_sequence_length=job.longest,
@@ -223,6 +251,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
                 "opset": arguments.opset,
                 "saved_model": "saved_model",
                 "onnx": "model.onnx",
+                "litert": "model.tflite",
                 "notes": notes + [n for n in report["notes"] if n not in notes],
             }
         )
@@ -244,8 +273,6 @@ def _latency(report: dict, runtime: str, batch: int, sequence: int) -> float | N
 
 def table(reports: dict[str, dict | None]) -> str:
     """The results as a text table: one row per model and runtime."""
-    from keras_posenc.export import RUNTIMES
-
     shapes = [f"b{b}xs{s}" for b, s in TABLE_SHAPES]
     header = [
         "encoder",
@@ -262,7 +289,7 @@ def table(reports: dict[str, dict | None]) -> str:
         if report is None:
             rows.append([name, "-", "-", "-", "-", *["-"] * 2 * len(shapes), "ERROR"])
             continue
-        for runtime in RUNTIMES:
+        for runtime in report["runtimes"]:
             summary = report["summary"][runtime]
             latencies = [_latency(report, runtime, b, s) for b, s in TABLE_SHAPES]
             baselines = [_latency(report, "saved_model", b, s) for b, s in TABLE_SHAPES]
@@ -305,9 +332,9 @@ tol used: max |runtime - keras| / (atol + rtol |keras|) with atol=1e-5, rtol=1e-
 interleaved in one process; /TF: that latency over the SavedModel's (TensorFlow) latency."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -> int:
     """Runs the export job; returns the exit status (0 when every verification passed)."""
-    arguments = parse_arguments(argv)
+    arguments = parse_arguments(argv, prog)
     todo = jobs(arguments)
     try:
         arguments.out.mkdir(parents=True, exist_ok=True)

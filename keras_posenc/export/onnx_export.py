@@ -7,7 +7,7 @@ import errno
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import keras
@@ -22,6 +22,9 @@ DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
 # matmuls of attention layers.
 SUPPORTED_OPSETS = range(13, 19)
+# Rewrites of the converted graph, applied in order to every export before it is checked:
+# each takes the `onnx.ModelProto` and changes it in place (or returns a new one).
+GRAPH_PASSES: list[Callable] = []
 
 
 def save_onnx(
@@ -30,6 +33,7 @@ def save_onnx(
     opset: int = DEFAULT_OPSET,
     *,
     bfloat16: str = "float32",
+    passes: Sequence[Callable] | None = None,
 ) -> Path:
     """Writes `model` as an ONNX file, converted by tf2onnx from its serving function.
 
@@ -52,6 +56,8 @@ def save_onnx(
         opset: the ONNX opset, in `SUPPORTED_OPSETS` (13 to 18).
         bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
             (with a warning), `"error"` refuses.
+        passes: graph rewrites applied to the converted graph before it is checked
+            (default `GRAPH_PASSES`); see `onnx_model`.
 
     Returns:
         The path written.
@@ -71,13 +77,24 @@ def save_onnx(
         raise IsADirectoryError(
             errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .onnx file", str(path)
         )
-    with whole_or_nothing(path) as written:
-        onnx.save(onnx_model(model, opset), str(written))
+    with whole_or_nothing(path, kind="file") as written:
+        onnx.save(onnx_model(model, opset, passes=passes), str(written))
     return Path(path)
 
 
-def onnx_model(model: keras.Model, opset: int = DEFAULT_OPSET):
-    """The checked `onnx.ModelProto` of `model` (what `save_onnx` writes)."""
+def onnx_model(
+    model: keras.Model, opset: int = DEFAULT_OPSET, *, passes: Sequence[Callable] | None = None
+):
+    """The checked `onnx.ModelProto` of `model` (what `save_onnx` writes).
+
+    Args:
+        model: a functional or `Sequential` Keras model.
+        opset: the ONNX opset, in `SUPPORTED_OPSETS`.
+        passes: functions `pass_(proto)` applied in order to tf2onnx's graph before any
+            check, each changing the proto in place or returning a new one (default
+            `GRAPH_PASSES`, the package's own rewrites). Whatever they make must still
+            pass the checks below and `verify_export`.
+    """
     import onnx
     import tf2onnx
 
@@ -99,6 +116,9 @@ def onnx_model(model: keras.Model, opset: int = DEFAULT_OPSET):
                 raise ExportError(
                     f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
                 ) from error
+
+    for rewrite in GRAPH_PASSES if passes is None else passes:
+        proto = rewrite(proto) or proto
 
     unknown = sorted(
         {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -77,3 +78,20 @@ def compare_outputs(outputs: dict, reference: dict, tolerance: dict) -> dict:
     if problems:
         result["problems"] = problems
     return result
+
+
+def summarize(cases: list[dict], runtimes: Sequence[str], compared: Sequence[str]) -> dict:
+    """Per runtime the largest errors over all cases and whether every case passed."""
+    summary = {}
+    for name in runtimes:
+        if name not in compared:
+            summary[name] = {"reference": True}
+            continue
+        entries = [case["runtimes"][name] for case in cases]
+        summary[name] = {
+            "max_abs_error": max(e["max_abs_error"] for e in entries),
+            "max_rel_error": max(e["max_rel_error"] for e in entries),
+            "tolerance_used": max(e["tolerance_used"] for e in entries),
+            "passed": all(e["passed"] for e in entries),
+        }
+    return summary

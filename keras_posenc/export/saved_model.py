@@ -43,7 +43,7 @@ def save_saved_model(
     """
     model, _ = exportable_model(model, bfloat16)
     specs = input_signature(model)
-    with whole_or_nothing(path, replace_if=is_saved_model) as written:
+    with whole_or_nothing(path, replace_if=is_saved_model, kind="folder") as written:
         archive = keras.export.ExportArchive()
         archive.track(model)
         archive.add_endpoint("serving_default", serving_function(model).python_function, specs)

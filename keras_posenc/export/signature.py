@@ -12,11 +12,13 @@ from keras_posenc.export.errors import ExportError
 
 
 def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
-    """One named `tf.TensorSpec` per model input, with dynamic batch and sequence axes.
+    """One named `tf.TensorSpec` per model input, with the sizes the model's inputs fix.
 
-    Axis 0 of an input is its batch and axis 1 its sequence; both become `None` (other
-    axes keep the model's sizes). A rank-0 input, such as a decoding `start_index`,
-    stays a scalar.
+    Axis 0 of an input is its batch and axis 1 its sequence: they stay dynamic where the
+    model leaves them so (`keras.Input((None, 8))`) and keep their size where it fixes
+    one (`keras.Input((16,))` is a sequence of 16; `keras.Input((4,))` four features, not
+    a sequence). Other axes must have a size. A rank-0 input, such as a decoding
+    `start_index`, stays a scalar.
 
     Args:
         model: a functional or `Sequential` Keras model (one with `model.inputs`).
@@ -28,7 +30,6 @@ def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
     specs = []
     for tensor in inputs:
         shape = list(tensor.shape)
-        shape[:2] = [None] * min(len(shape), 2)
         if any(size is None for size in shape[2:]):
             raise ExportError(
                 f"Input {tensor.name!r} has shape {tuple(tensor.shape)}; only the batch "
