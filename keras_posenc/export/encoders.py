@@ -57,6 +57,18 @@ DEFAULT_ENCODERS = {
 }
 
 
+def causal_mask(inputs) -> keras.KerasTensor:
+    """`(1, sequence, sequence)` booleans, True where step `i` may attend to step `j <= i`.
+
+    The same mask as `use_causal_mask=True`, made of ops LiteRT has built in: Keras's own
+    causal path (`dot_product_attention(is_causal=True)`) indexes the mask with
+    `mask[None, None]`, a `StridedSlice` with new axes that only a Flex op can run.
+    """
+    steps = keras.ops.arange(keras.ops.shape(inputs)[1])
+    later = keras.ops.expand_dims(steps, 1) >= keras.ops.expand_dims(steps, 0)
+    return keras.ops.expand_dims(later, 0)
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc_export")
 class EncoderBlock(keras.layers.Layer):
     """A pre-norm Transformer block: attention and a feed-forward network, each residual.
@@ -68,7 +80,8 @@ class EncoderBlock(keras.layers.Layer):
         num_heads: attention heads.
         feed_forward_dim: hidden width of the feed-forward network.
         rotary: rotate queries and keys (RoPE) inside the attention.
-        causal: each step attends to itself and earlier steps only.
+        causal: each step attends to itself and earlier steps only (an explicit
+            `causal_mask`, which converts to LiteRT with built-in ops).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -121,7 +134,9 @@ class EncoderBlock(keras.layers.Layer):
             if self.rotary
             else {}
         )
-        attended = self.attention(normed, normed, use_causal_mask=self.causal, **rotary_arguments)
+        if self.causal:
+            rotary_arguments["attention_mask"] = causal_mask(normed)
+        attended = self.attention(normed, normed, **rotary_arguments)
         hidden = inputs + attended
         return hidden + self.projection(self.hidden(self.feed_forward_norm(hidden)))
 

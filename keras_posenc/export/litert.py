@@ -135,7 +135,8 @@ def _conversion_failure(model: keras.Model, message: str) -> str:
         # TensorFlow's name scopes add `_1`, `_2` to layer names: match them back.
         parts = [re.sub(r"(_\d+)+$", "", part) for part in scope.split("/")]
         found = [part for part in parts if part in names and part != model.name]
-        layers.append(found[0] if found else scope)
+        if found:  # the outer scopes (the signature's call) name no layer
+            layers.append(found[0])
     return (
         f"The model {model.name!r} needs TensorFlow ops that LiteRT has no built-in kernel "
         f"for: {ops[0].strip()}"
