@@ -28,7 +28,7 @@ from tensorflow.python.util import nest
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
-from keras_posenc.export.signature import _all_layers, input_signature, serving_function
+from keras_posenc.export.signature import input_signature, layers_in_scopes, serving_function
 
 SIGNATURE_KEY = "serving_default"
 
@@ -129,22 +129,28 @@ def _conversion_failure(model: keras.Model, message: str) -> str:
         re.findall(r'fused\["[A-Za-z0-9]+:", callsite\("([^"@]+)@', message)
         + re.findall(r'fused\["[A-Za-z0-9]+:", "([^"@]+)@', message)
     )
-    names = {layer.name for layer in _all_layers(model)}
-    layers = []
-    for scope in scopes:
-        # TensorFlow's name scopes add `_1`, `_2` to layer names: match them back.
-        parts = [re.sub(r"(_\d+)+$", "", part) for part in scope.split("/")]
-        found = [part for part in parts if part in names and part != model.name]
-        if found:  # the outer scopes (the signature's call) name no layer
-            layers.append(found[0])
+    layers = layers_in_scopes(model, scopes)
+    names = [op.strip() for op in ops[0].split(",")]
+    fixes = [_FIXES[op] for op in names if op in _FIXES]
     return (
         f"The model {model.name!r} needs TensorFlow ops that LiteRT has no built-in kernel "
-        f"for: {ops[0].strip()}"
-        + (f", in layer(s) {', '.join(dict.fromkeys(layers))}" if layers else "")
+        f"for: {', '.join(names)}"
+        + (f", in layer(s) {', '.join(layers)}" if layers else "")
         + ". Flex ops (SELECT_TF_OPS) would need TensorFlow inside the app, so they are not "
-        "used. Often a static size fixes it: give keras.Input its feature sizes, and make "
-        "sure every layer before the op keeps its output's static shape."
+        "used. " + " ".join(fixes or [_FIXES["default"]])
     )
+
+
+_FIXES = {
+    "StridedSlice": "A StridedSlice with new axes is what Keras's use_causal_mask=True makes "
+    "(dot_product_attention indexes its mask with [None, None]): pass an explicit "
+    "attention_mask instead, for example keras_posenc.export.encoders.causal_mask(x).",
+    "Einsum": "An Einsum converts when its inputs' ranks and non-batch sizes are known: give "
+    "keras.Input its feature sizes, and make sure the layers before it keep the static "
+    "shape of their outputs.",
+    "default": "Replace the op in the model with one LiteRT has, or give the shapes around "
+    "it static sizes.",
+}
 
 
 def litert_ops(model_content: bytes) -> list[str]:

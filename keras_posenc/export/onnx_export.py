@@ -16,7 +16,7 @@ import numpy as np
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
-from keras_posenc.export.signature import input_signature, serving_function
+from keras_posenc.export.signature import input_signature, layers_in_scopes, serving_function
 
 DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
@@ -25,6 +25,11 @@ SUPPORTED_OPSETS = range(13, 19)
 # Rewrites of the converted graph, applied in order to every export before it is checked:
 # each takes the `onnx.ModelProto` and changes it in place (or returns a new one).
 GRAPH_PASSES: list[Callable] = []
+# What to do about a TensorFlow op tf2onnx leaves unconverted, by the layers that make it.
+_FIXES = {
+    "Erfc": "the exact 'gelu' makes it: use gelu(approximate=True) or 'silu'",
+    "Expm1": "'celu' makes it: use 'elu', the same function for alpha 1",
+}
 
 
 def save_onnx(
@@ -120,19 +125,22 @@ def onnx_model(
     for rewrite in GRAPH_PASSES if passes is None else passes:
         proto = rewrite(proto) or proto
 
-    unknown = sorted(
-        {
-            node.op_type
-            for graph in _graphs(proto.graph)
-            for node in graph.node
-            if not onnx.defs.has(node.op_type, node.domain)
-        }
-    )
+    unknown = {}
+    for graph in _graphs(proto.graph):
+        for node in graph.node:
+            if not onnx.defs.has(node.op_type, node.domain):
+                unknown.setdefault(node.op_type, []).append(node.name)
     if unknown:
+        parts = []
+        for op, nodes in sorted(unknown.items()):
+            layers = layers_in_scopes(model, nodes)
+            where = f" in layer(s) {', '.join(layers)}" if layers else ""
+            fix = _FIXES.get(op, "replace it in the model with ops ONNX has")
+            parts.append(f"{op}{where} ({fix})")
         raise ExportError(
             f"tf2onnx left TensorFlow ops it cannot convert in the graph of {model.name!r}: "
-            f"{', '.join(unknown)}. Replace them in the model (for example the exact 'gelu', "
-            "which uses Erfc, with gelu(approximate=True) or 'silu')."
+            + "; ".join(parts)
+            + "."
         )
     names = [spec.name for spec in specs]
     graph_inputs = [i.name for i in proto.graph.input]
