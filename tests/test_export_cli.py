@@ -134,3 +134,76 @@ def test_unwritable_out_folder(capsys):
     assert main(["--encoder", "learned", "--out", "/sys/keras_posenc_artifacts"]) == 1
     assert "cannot create --out /sys/keras_posenc_artifacts" in capsys.readouterr().err
     assert not Path("/sys/keras_posenc_artifacts").exists()
+
+
+# --------------------------------------------------------------------------------------
+# The console script
+
+
+def _console_script() -> str:
+    """The `keras-posenc-export` entry point as pyproject.toml declares it."""
+    import tomllib
+
+    scripts = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["scripts"]
+    return scripts["keras-posenc-export"]
+
+
+def test_console_script_runs_from_any_folder_without_tensorflow_noise(keras_file, tmp_path):
+    module, function = _console_script().split(":")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    environment["PYTHONPATH"] = str(REPOSITORY)  # the package, as an installed one would be
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from {module} import {function}; sys.exit({function}())",
+            "--model",
+            str(keras_file),
+            "--max-length",
+            "20",
+            *SMALL_GRID,
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # TensorFlow's start-up lines (absl preamble, oneDNN, CPU features, cuInit) are gone.
+    for noise in ("cuInit", "oneDNN", "absl::InitializeLog", "cpu_feature_guard", "XNNPACK"):
+        assert noise not in result.stderr + result.stdout, noise
+    assert "[1/1] my_model: LiteRT written" in result.stdout
+    assert (elsewhere / "keras-posenc-artifacts" / "my_model" / "model.tflite").is_file()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keras-posenc-artifacts"]
+
+
+def test_default_out_is_export_artifacts_only_in_the_checkout(tmp_path, monkeypatch):
+    from keras_posenc.export import cli
+
+    monkeypatch.chdir(REPOSITORY)
+    assert cli.default_out() == REPOSITORY / "export" / "artifacts"
+    monkeypatch.chdir(tmp_path)
+    assert cli.default_out() == Path("keras-posenc-artifacts")
+    assert cli.parse_arguments([]).out == Path("keras-posenc-artifacts")
+
+
+def test_noise_filter_keeps_everything_else():
+    from keras_posenc_cli import is_noise
+
+    noise = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796114401.260192    6005 port.cc:153] oneDNN custom operations are on.",
+        "E0000 00:00:1796115100.178549   18124 cuda_platform.cc:52] failed call to cuInit: x",
+        "To enable the following instructions: AVX2 AVX512F, in other operations, rebuild",
+        "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",
+    ]
+    kept = [
+        "E0000 00:00:1796115100.178549   18124 op.cc:1] a real error in a kernel",
+        "Traceback (most recent call last):",
+        "UserWarning: the model uses bfloat16",
+    ]
+    assert all(is_noise(line) for line in noise)
+    assert not any(is_noise(line) for line in kept)

@@ -136,6 +136,22 @@ def test_the_verifier_of_today_would_pass_a_tampered_cache_end(exported, tmp_pat
         kpe.verify_export(model, None, tampered, **GRID)
 
 
+def test_without_position_inputs_every_cached_row_is_reached(tmp_path):
+    x = keras.Input((None, WIDTH), name="x")
+    model = keras.Model(x, {"y": SinusoidalPositionalEncoding()(x)})
+    path = kpe.save_onnx(model, tmp_path / "model.onnx")
+    report = kpe.verify_export(model, None, path, **GRID)
+    assert report["passed"], report["summary"]
+    assert (1, CACHED + 17) in {(c["batch"], c["sequence"]) for c in report["cases"]}
+    assert report["positions"]["covered"] == [[0, CACHED + 16]]
+    # The cached rows (the split tables serve only the 17 steps past them here).
+    tables = _tables(onnx.load(str(path)), CACHED)
+    (cached,) = [i for i, table in enumerate(tables) if table.dims[1] == WIDTH]
+    tampered = _tampered(path, cached, CACHED - 2, CACHED, tmp_path / "tampered.onnx")
+    report = kpe.verify_export(model, None, tampered, raise_on_failure=False, **GRID)
+    assert not report["passed"]
+
+
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
     spec = EncoderSpec(

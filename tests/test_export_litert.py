@@ -255,3 +255,22 @@ def test_the_file_holds_each_table_once(converted, tmp_path):
     path = kpe.save_litert(learned, tmp_path / "learned.tflite")
     parameters = sum(int(np.prod(w.shape)) * 4 for w in learned.weights)
     assert path.stat().st_size <= 1.2 * parameters
+
+
+def test_without_ai_edge_litert_the_tensorflow_interpreter_runs_it(converted, monkeypatch):
+    import builtins
+
+    import tensorflow as tf
+
+    real_import = builtins.__import__
+
+    def no_litert(name, *args, **kwargs):
+        if name.startswith("ai_edge_litert"):
+            raise ImportError("No module named 'ai_edge_litert'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_litert)
+    model, path = converted["learned"]
+    assert isinstance(kpe.litert_interpreter(path), tf.lite.Interpreter)
+    report = kpe.verify_export(model, litert_path=path, **GRID)
+    assert report["passed"], report["summary"]

@@ -182,7 +182,8 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
                 f"built the {spec.position} encoder: vocabulary {spec.vocabulary_size}, "
                 f"width {spec.width}, "
                 f"{spec.num_heads} heads, {spec.num_blocks} blocks, feed-forward "
-                f"{spec.feed_forward_dim}, longest sequence {spec.max_sequence_length}",
+                f"{spec.feed_forward_dim}, longest sequence "
+                f"{spec.max_sequence_length or 'unbounded'}",
             )
         )
     return result
@@ -222,11 +223,16 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
         )
 
         clock = time.perf_counter()
-        export.save_litert(model, folder / "model.tflite")
-        log(
-            f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
-            f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
-        )
+        litert_error = None
+        try:
+            export.save_litert(model, folder / "model.tflite")
+            log(
+                f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
+                f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
+            )
+        except export.ExportError as error:  # the other two are still verified
+            litert_error = str(error)
+            log(f"LiteRT NOT written: {error}")
 
         cases = export.verification_cases(
             model, arguments.batch_sizes, arguments.sequence_lengths, job.longest
@@ -236,7 +242,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
             model,
             folder / "saved_model",
             folder / "model.onnx",
-            litert_path=folder / "model.tflite",
+            litert_path=None if litert_error else folder / "model.tflite",
             batch_sizes=arguments.batch_sizes,
             sequence_lengths=arguments.sequence_lengths,
             max_sequence_length=job.longest,
@@ -251,7 +257,8 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
                 "opset": arguments.opset,
                 "saved_model": "saved_model",
                 "onnx": "model.onnx",
-                "litert": "model.tflite",
+                **({"litert_error": litert_error} if litert_error else {"litert": "model.tflite"}),
+                "passed": report["passed"] and not litert_error,
                 "notes": notes + [n for n in report["notes"] if n not in notes],
             }
         )
@@ -315,6 +322,9 @@ def table(reports: dict[str, dict | None]) -> str:
                     result,
                 ]
             )
+        if report.get("litert_error"):
+            cells = ["not exported", "", ""]
+            rows.append([name, "litert", *cells, *["-"] * 2 * len(shapes), "ERROR"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

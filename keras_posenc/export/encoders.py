@@ -34,8 +34,9 @@ class EncoderSpec:
         num_heads: attention heads per block.
         num_blocks: Transformer blocks.
         feed_forward_dim: hidden width of each block's feed-forward network.
-        max_sequence_length: the longest sequence the encoder allows (the learned table's
-            length; for sinusoidal and rotary, the longest it is verified on).
+        max_sequence_length: the longest sequence the encoder allows: the learned table's
+            length; None (sinusoidal, rotary) for no limit, and then verification runs up
+            to `coverage.REACHING_LENGTH` steps, every cached row and a few split ones.
         seed: seed of the weights.
     """
 
@@ -46,14 +47,14 @@ class EncoderSpec:
     num_heads: int = 4
     num_blocks: int = 2
     feed_forward_dim: int = 128
-    max_sequence_length: int = 1024
+    max_sequence_length: int | None = None
     seed: int = 0
 
 
 DEFAULT_ENCODERS = {
-    "sinusoidal": EncoderSpec("sinusoidal", "sinusoidal", max_sequence_length=1024, seed=1),
+    "sinusoidal": EncoderSpec("sinusoidal", "sinusoidal", seed=1),
     "learned": EncoderSpec("learned", "learned", max_sequence_length=512, seed=2),
-    "rotary": EncoderSpec("rotary", "rotary", max_sequence_length=1024, seed=3),
+    "rotary": EncoderSpec("rotary", "rotary", seed=3),
 }
 
 
@@ -171,6 +172,11 @@ def build_encoder(spec: EncoderSpec, decoding: bool = False, dtype=None) -> kera
     if spec.position not in POSITION_KINDS:
         raise ValueError(
             f"Unknown position kind {spec.position!r}; expected one of {POSITION_KINDS}."
+        )
+    if spec.position == "learned" and not spec.max_sequence_length:
+        raise ValueError(
+            "A learned encoder needs max_sequence_length, the length of its table; "
+            f"got {spec.max_sequence_length!r}."
         )
     token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
     inputs = {"token_ids": token_ids}
