@@ -15,8 +15,8 @@ start and near its end:
   (the first rows, both sides of each table boundary, the last rows), spread over its
   batch rows and steps, the rest random;
 - a model with neither reaches rows `0 .. length - 1` only: its longest case is the longest
-  sequence it allows, or, with no limit known, `CACHED_POSITIONS + 17` steps (every cached
-  row and a few split ones).
+  sequence it allows, or, with no limit known, `REACHING_LENGTHS`: `CACHED_POSITIONS` steps
+  (every cached row) and 17 more (a run that long is computed from the split tables).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
 
 BATCH_SIZES = (1, 2, 3, 8)
 SEQUENCE_LENGTHS = (1, 2, 17, 128, 511)
-# An unbounded model with no position input reaches every cached row and a few split ones.
-REACHING_LENGTH = CACHED_POSITIONS + 17
+# An unbounded model with no position input: a run of CACHED_POSITIONS steps reads every
+# cached row; a longer one is computed from the split tables instead (a few of their rows).
+REACHING_LENGTHS = (CACHED_POSITIONS, CACHED_POSITIONS + 17)
 _POSITION_KEYWORDS = ("positions", "query_positions", "key_positions")
 
 
@@ -142,7 +143,7 @@ def verification_cases(
     Batch sizes and sequence lengths are those the model accepts: a batch or sequence
     axis the model's inputs fix is verified at that size only; otherwise every batch
     size with every length up to `longest` (default: the model's own limit), and that
-    longest (for an unbounded model with no position input: `REACHING_LENGTH`, at the
+    longest (for an unbounded model with no position input: `REACHING_LENGTHS`, at the
     smallest batch size only). A model
     with a `start_index` input runs each shape from every start of `start_indices`.
     """
@@ -167,7 +168,7 @@ def verification_cases(
     cases = []
     for batch in batches:
         # The long case that reaches every cached row runs once, at the smallest batch.
-        extra = [REACHING_LENGTH] if reaching and batch == min(batches) else []
+        extra = list(REACHING_LENGTHS) if reaching and batch == min(batches) else []
         for sequence in lengths + extra:
             if "start_index" in kinds.values():
                 cases.extend(

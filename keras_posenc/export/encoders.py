@@ -36,7 +36,7 @@ class EncoderSpec:
         feed_forward_dim: hidden width of each block's feed-forward network.
         max_sequence_length: the longest sequence the encoder allows: the learned table's
             length; None (sinusoidal, rotary) for no limit, and then verification runs up
-            to `coverage.REACHING_LENGTH` steps, every cached row and a few split ones.
+            to `coverage.REACHING_LENGTHS` steps: every cached row and a few split ones.
         seed: seed of the weights.
     """
 
