@@ -188,10 +188,11 @@ def test_a_decoder_with_a_start_index_fails_on_a_tampered_table(decoder, tmp_pat
         ({"sequence_lengths": (True,)}, "integers"),
         ({"sequence_lengths": "17"}, "sequence of positive integers"),
         ({"max_sequence_length": 0}, "max_sequence_length"),
+        ({"max_sequence_length": LEARNED_LENGTH + 1}, "learned position table has 64 rows"),
     ],
 )
 def test_bad_sizes_are_a_clear_error(exported, sizes, message):
-    model, path = exported["sinusoidal", "start_index"]
+    model, path = exported["learned", "start_index"]
     with pytest.raises(ValueError, match=message):
         kpe.verify_export(model, None, path, **{"repeats": 1, **sizes})
 

@@ -152,7 +152,13 @@ def verification_cases(
     specs = [spec for spec in input_signature(model) if spec.shape.rank > 0]
     kinds = position_inputs(model)
     limit = position_limit(model)
-    longest = longest or longest_sequence(model)
+    table = longest_sequence(model)
+    if longest is not None and table is not None and longest > table:
+        raise ValueError(
+            f"max_sequence_length {longest} is longer than the model allows: its learned "
+            f"position table has {table} rows. Verify up to {table}."
+        )
+    longest = longest or table
     fixed_batch = _fixed_axis(specs, 0)
     batches = [fixed_batch] if fixed_batch else list(dict.fromkeys(batch_sizes))
     reaching = False
