@@ -25,6 +25,7 @@ from absl import logging as absl_logging
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 from tensorflow.python.util import nest
 
+from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
@@ -69,7 +70,8 @@ def save_litert(model: keras.Model, path: str | os.PathLike, *, bfloat16: str = 
 
 def litert_flatbuffer(model: keras.Model) -> bytes:
     """The `.tflite` bytes of `model` (what `save_litert` writes), built-in ops only."""
-    concrete = serving_function(model).get_concrete_function()
+    with _tf.tracing_for_a_converter():  # the converter drops assertions: NaN rows instead
+        concrete = serving_function(model).get_concrete_function()
     # The converter freezes variables itself, but not when the graph holds a custom
     # gradient (Keras's silu has one): then every weight stays a resource variable, which
     # LiteRT never initializes (the outputs are garbage). So freeze them all first, and

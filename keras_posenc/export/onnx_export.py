@@ -13,6 +13,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
@@ -111,7 +112,12 @@ def onnx_model(
     # if a pass does fail is the conversion repeated with them.
     for catch_errors in ("FALSE", "TRUE"):
         try:
-            with _environment(TF2ONNX_CATCH_ERRORS=catch_errors), _quiet("tf2onnx"):
+            # Traced for a converter that drops assertions: bad positions give NaN rows.
+            with (
+                _environment(TF2ONNX_CATCH_ERRORS=catch_errors),
+                _quiet("tf2onnx"),
+                _tf.tracing_for_a_converter(),
+            ):
                 proto, _ = tf2onnx.convert.from_function(
                     function, input_signature=specs, opset=opset
                 )
