@@ -16,13 +16,16 @@ from collections.abc import Iterator, Sequence
 
 # TensorFlow's start-up lines on a CPU machine: the absl preamble, INFO/WARNING lines of
 # its C++ logger (oneDNN, CPU features, "could not find cuda drivers"), the cuInit error
-# of a CUDA build without a GPU, and LiteRT's XNNPACK notice.
+# of a CUDA build without a GPU, LiteRT's XNNPACK notice, and the converter's diagnostics.
 _NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|[IW]\d{4} \d\d:\d\d:\d\d"
     r"|E\d{4} \d\d:\d\d:\d\d.*\b(cuInit|cuda|CUDA|cuDNN|cuFFT|cuBLAS)\b"
     r"|To enable the following instructions:"
-    r"|INFO: Created TensorFlow Lite XNNPACK delegate)"
+    r"|INFO: Created TensorFlow Lite XNNPACK delegate"
+    # The LiteRT converter's own diagnostics of a failed conversion: the job reports the
+    # failure itself, with the ops and layers named.
+    r"|loc\(callsite\(|loc\(fused\[|error: failed while converting: )"
 )
 
 
