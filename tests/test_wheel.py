@@ -171,10 +171,14 @@ def test_console_script_exports_from_outside_the_checkout(installed, tmp_path):
         "fresh-venv wheel timings (s): " + json.dumps({k: round(v, 1) for k, v in timings.items()})
     )
     folder = out / "sinusoidal"
-    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    # the artifacts named in the export docs (LiteRT's model.tflite and the ownership
+    # marker come with the LiteRT issue; the export tests check the exact list)
+    assert {"saved_model", "model.onnx", "report.json"} <= {p.name for p in folder.iterdir()}
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is True
-    assert report["summary"]["onnxruntime"]["max_abs_error"] <= 1e-5
+    for runtime, summary in report["summary"].items():
+        if runtime != "keras":
+            assert summary["passed"] and summary["max_abs_error"] <= 1e-5, (runtime, summary)
     # TensorFlow's start-up noise is quieted when the user did not set TF_CPP_MIN_LOG_LEVEL.
     output = result.stdout + result.stderr
     for noise in ("cuInit", "oneDNN custom operations", "absl::InitializeLog"):
