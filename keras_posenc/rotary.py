@@ -30,9 +30,9 @@ from keras_posenc.axes import AxesRows, AxisPairs, checked_axes_dims, checked_mr
 from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
-    ROPE_TYPES,
     DynamicRows,
     SwitchByLength,
+    check_shared_keys,
     checked_scaling,
     dynamic_turns,
     rope_parameters,
@@ -221,6 +221,8 @@ class RotaryEmbedding(keras.layers.Layer):
         self.sequence_axis = checked_axis(sequence_axis, "sequence_axis")
         self.feature_axis = checked_axis(feature_axis, "feature_axis")
         self.scaling = checked_scaling(scaling)
+        if self.scaling is not None:
+            check_shared_keys(self.scaling, self.max_wavelength)  # rope_theta must agree
         self.positions_from_mask = checked_bool(positions_from_mask, "positions_from_mask")
         checked_float_policy(self)
         if self.rotary_dim is not None and self.rotary_dim <= _EARLY_CHECK_DIM:
@@ -346,44 +348,34 @@ class RotaryEmbedding(keras.layers.Layer):
         return tf.concat([rotate(rotated), passed], self._feature_axis)
 
     @classmethod
-    def from_transformers_config(cls, config, **kwargs) -> RotaryEmbedding:
+    def from_transformers_config(
+        cls, config, layer_type: str | None = None, **overrides
+    ) -> RotaryEmbedding:
         """The `RotaryEmbedding` a transformers model config describes.
 
         Args:
-            config: a dict (or an object with `to_dict()`) with `rope_theta`, `head_dim` or
-                `hidden_size` / `num_attention_heads`, optionally `partial_rotary_factor`,
-                `max_position_embeddings` and `rope_scaling` (transformers 4) or
-                `rope_parameters` (transformers 5).
-            **kwargs: further `RotaryEmbedding` arguments (`layout`, `name`, ...).
+            config: a transformers config or its dict (`config.json` of transformers 4 or 5,
+                or `to_dict()`); see `keras_posenc.transformers_config` for the families read.
+            layer_type: the layer type to read when the config has RoPE per layer type
+                (Gemma 3, ModernBERT: `"full_attention"` / `"sliding_attention"`).
+            **overrides: further `RotaryEmbedding` arguments (`name`, `sequence_axis`, ...),
+                or ones that replace what the config gives.
+
+        Example:
+
+        >>> llama31 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+        ...            "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        ...            "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                             "original_max_position_embeddings": 8192}}
+        >>> rope = RotaryEmbedding.from_transformers_config(llama31)
+        >>> rope.max_wavelength, rope.layout, rope.scaling["rope_type"]
+        (500000.0, 'half', 'llama3')
         """
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        theta = parameters.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
-        partial = parameters.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        head_dim = config.get("head_dim")
-        if head_dim is None:
-            try:
-                head_dim = config["hidden_size"] // config["num_attention_heads"]
-            except KeyError as error:
-                raise ValueError(
-                    "The config needs 'head_dim' or 'hidden_size' and 'num_attention_heads'."
-                ) from error
-        rotary_dim = int(head_dim * partial)
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-        scaling = None
-        if rope_type != "default":
-            scaling = parameters
-            required, optional = ROPE_TYPES.get(rope_type, ((), ()))
-            for key in ("max_position_embeddings", "original_max_position_embeddings"):
-                if key in config and key not in scaling and key in required + optional:
-                    scaling[key] = config[key]
-        return cls(
-            max_wavelength=theta,
-            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
-            scaling=scaling,
-            **kwargs,
-        )
+        from keras_posenc.transformers_config import rotary_arguments
+
+        arguments = rotary_arguments(config, layer_type, layout=overrides.get("layout"))
+        return cls(**{**arguments, **overrides})
 
     def inverse_frequencies(self, total_length: int | None = None) -> np.ndarray:
         """The `ω` this layer rotates with when the total length is `total_length`.
