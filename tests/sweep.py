@@ -203,8 +203,9 @@ def outcome(case: Case, mode: str) -> str:
         message = error.message.lower()
         return "error" if any(word in message for word in _OUR_WORDS) else "unclear"
     if positions is None:
-        # Every row poisoned (a partial rotation passes its other channels through).
-        poisoned = output.shape == case.shape and np.isnan(output).any(axis=-1).all()
+        # Every row poisoned (a partial rotation passes its other channels through), in
+        # whatever shape the invalid call broadcast to.
+        poisoned = output.size > 0 and np.isnan(output).any(axis=-1).all()
         return "nan" if poisoned else "wrong"
     if output.shape != case.shape or not np.isfinite(output).all():
         return "wrong"

@@ -173,3 +173,15 @@ def test_a_crafted_config_allocates_nothing_before_it_is_validated():
     assert peak < 16 * 2**20
     with pytest.raises(ValueError, match=r"rotary_dim=1000000000 is larger than the feature"):
         layer(tf.zeros((1, 2, 8)))
+
+
+def test_positions_of_another_batch_give_nan_under_xla(make_layer):
+    # XLA drops the assertion above; the output may broadcast, but holds no finite row.
+    layer = make_layer()
+    call = tf.function(
+        lambda x, p: layer(x, positions=p),
+        input_signature=[tf.TensorSpec([None, None, 8]), tf.TensorSpec([None, None], tf.int32)],
+        jit_compile=True,
+    )
+    outputs = call(tf.zeros((1, 3, 8)), tf.constant([[0, 1, 2], [3, 4, 5]])).numpy()
+    assert np.isnan(outputs).all()
