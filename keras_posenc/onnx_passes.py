@@ -199,7 +199,8 @@ def _default_opset(proto: onnx.ModelProto) -> int:
 
 
 def _tensor_info(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    inferred = onnx.shape_inference.infer_shapes(proto)
+    # data_prop: the head count of a reshaped projection is known only by propagating shapes.
+    inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     return {
         v.name: v.type for g in graphs(inferred.graph) for v in [*g.input, *g.value_info, *g.output]
     }
