@@ -71,9 +71,13 @@ def converted(model: keras.Model) -> onnx.ModelProto:
     return proto
 
 
+THREADS = [1]  # onnxruntime's intra-op threads (--threads)
+
+
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = THREADS[0]
     return ort.InferenceSession(
         proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
@@ -369,7 +373,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="small shapes, few rounds")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the medians here")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="onnxruntime intra-op threads (1: a shared machine's other jobs do not stall a "
+        "spinning thread pool; 0: onnxruntime's default, one per core)",
+    )
     args = parser.parse_args(argv)
+    THREADS[0] = args.threads
     rounds = args.rounds or (5 if args.quick else 15)
     cases = {}
     rope_shapes = [(8, 512, 8, 64)] + ([] if args.quick else [(1, 4096, 32, 128)])

@@ -20,11 +20,34 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+
+from keras_posenc.onnx_graph import (
+    Emitter,
+    default_opset,
+    elem_type,
+    graphs,
+    op_counts,
+    remove_unused_nodes,
+    static_dim,
+    tensor_info,
+)
+
+__all__ = [
+    "FORMS",
+    "Rotation",
+    "find_rotations",
+    "graphs",
+    "op_counts",
+    "optimized",
+    "remove_unused_nodes",
+    "replace_erfc",
+    "rewrite_rotations",
+    "to_opset",
+]
 
 FORMS = ("fused", "standard", "decomposed")
 MICROSOFT_DOMAIN = "com.microsoft"
@@ -45,18 +68,6 @@ _MOVES = {
     "Identity",
     "Cast",
 }
-
-
-def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """`graph` and every subgraph in it (If branches, Loop bodies), outermost first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from graphs(subgraph)
 
 
 @dataclasses.dataclass
@@ -142,85 +153,6 @@ def _split_rotation(muls, producers):
     return None
 
 
-class _Emitter:
-    """Appends nodes and constants for one rewrite, with names unique in the model."""
-
-    def __init__(self, proto: onnx.ModelProto, graph: onnx.GraphProto, prefix: str):
-        self.graph = graph
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-        self.opset = _default_opset(proto)
-        self._taken = {n for g in graphs(proto.graph) for node in g.node for n in node.output}
-        self._taken |= {i.name for g in graphs(proto.graph) for i in g.initializer}
-        self._count = 0
-
-    def name(self, hint: str) -> str:
-        while True:
-            self._count += 1
-            candidate = f"{self.prefix}{hint}__{self._count}"
-            if candidate not in self._taken:
-                self._taken.add(candidate)
-                return candidate
-
-    def constant(self, value, dtype=np.int64) -> str:
-        name = self.name("const")
-        self.nodes.append(
-            helper.make_node(
-                "Constant",
-                [],
-                [name],
-                name=name,
-                value=numpy_helper.from_array(np.asarray(value, dtype)),
-            )
-        )
-        return name
-
-    def op(self, op_type: str, inputs, outputs: int | list[str] = 1, **attributes):
-        names = (
-            [self.name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else outputs
-        )
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), names, name=names[0] + "_node", **attributes)
-        )
-        return names[0] if len(names) == 1 else names
-
-    def split_halves(self, tensor: str, axis: int) -> list[str]:
-        attributes = {"num_outputs": 2} if self.opset >= 18 else {}
-        return self.op("Split", [tensor], 2, axis=axis, **attributes)
-
-    def insert_before(self, node: onnx.NodeProto) -> None:
-        index = list(self.graph.node).index(node)
-        for offset, new in enumerate(self.nodes):
-            self.graph.node.insert(index + offset, new)
-
-
-def _default_opset(proto: onnx.ModelProto) -> int:
-    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-
-
-def _tensor_info(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    # data_prop: the head count of a reshaped projection is known only by propagating shapes.
-    inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-    return {
-        v.name: v.type for g in graphs(inferred.graph) for v in [*g.input, *g.value_info, *g.output]
-    }
-
-
-def _static_dim(info: dict, name: str, axis: int) -> int | None:
-    tensor_type = info.get(name)
-    if tensor_type is None or not tensor_type.tensor_type.HasField("shape"):
-        return None
-    dims = tensor_type.tensor_type.shape.dim
-    if axis >= len(dims) or not dims[axis].HasField("dim_value"):
-        return None
-    return dims[axis].dim_value
-
-
-def _elem_type(info: dict, name: str) -> int | None:
-    tensor_type = info.get(name)
-    return tensor_type.tensor_type.elem_type if tensor_type is not None else None
-
-
 _KERNEL_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
 
 
@@ -234,26 +166,26 @@ def rewrite_rotations(proto: onnx.ModelProto, form: str = "fused") -> int:
     """
     if form not in FORMS:
         raise ValueError(f"Unknown rotary form {form!r}; expected one of {FORMS}.")
-    if form == "standard" and _default_opset(proto) < STANDARD_ROTARY_OPSET:
+    if form == "standard" and default_opset(proto) < STANDARD_ROTARY_OPSET:
         raise ValueError(
             f"The ONNX RotaryEmbedding needs opset {STANDARD_ROTARY_OPSET}; the model has "
-            f"{_default_opset(proto)}. Convert it first: to_opset(proto, {STANDARD_ROTARY_OPSET})."
+            f"{default_opset(proto)}. Convert it first: to_opset(proto, {STANDARD_ROTARY_OPSET})."
         )
-    if form == "fused" and _default_opset(proto) >= STANDARD_ROTARY_OPSET:
+    if form == "fused" and default_opset(proto) >= STANDARD_ROTARY_OPSET:
         raise ValueError(
             "onnxruntime's com.microsoft.RotaryEmbedding is for opsets below "
-            f"{STANDARD_ROTARY_OPSET}; at opset {_default_opset(proto)} use form='standard'."
+            f"{STANDARD_ROTARY_OPSET}; at opset {default_opset(proto)} use form='standard'."
         )
     rotations = find_rotations(proto)
     if not rotations:
         return 0
-    info = _tensor_info(proto)
+    info = tensor_info(proto)
     uses_kernel = False
     for rotation in rotations:
         kernel_fits = (
             rotation.feature_axis == rotation.rank - 1
             and (rotation.rank, rotation.sequence_axis) in ((3, 1), (4, 1), (4, 2))
-            and _elem_type(info, rotation.x) in _KERNEL_TYPES
+            and elem_type(info, rotation.x) in _KERNEL_TYPES
         )
         if form != "decomposed" and kernel_fits:
             _fuse(proto, rotation, info, standard=form == "standard")
@@ -268,7 +200,7 @@ def rewrite_rotations(proto: onnx.ModelProto, form: str = "fused") -> int:
 
 
 def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool) -> None:
-    emit = _Emitter(proto, rotation.graph, rotation.add.name + "/fused_")
+    emit = Emitter(proto, rotation.graph, rotation.add.name + "/fused_")
     x, output = rotation.x, rotation.add.output[0]
     interleaved = rotation.layout == "interleaved"
     # The rows this call rotates with, one per (batch row,) position: (rows, rotary_dim).
@@ -279,8 +211,14 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
         sin = emit.op("Slice", [rows[1], *map(emit.constant, ([1], [2**62], [1], [2]))])
     else:
         # C is (cos, cos) along the channels, S is (-sin, sin).
-        cos = emit.split_halves(rows[0], 1)[0]
-        sin = emit.split_halves(rows[1], 1)[1]
+        width = static_dim(info, x, rotation.feature_axis)
+        if width is None:
+            cos = emit.split_halves(rows[0], 1)[0]
+            sin = emit.split_halves(rows[1], 1)[1]
+        else:  # a slice makes only the half it keeps
+            half = width // 2
+            cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [half], [1]))])
+            sin = emit.op("Slice", [rows[1], *map(emit.constant, ([half], [width], [1]))])
     shape = emit.op("Shape", [x])
     if rotation.rank == 4 and rotation.sequence_axis == 1:
         # (batch, sequence, heads, channels) -> (batch, sequence, heads·channels): no copy.
@@ -312,7 +250,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
         if rotation.rank == 3:
             attributes["num_heads"] = 1
         elif kernel_input is not x:
-            heads = _static_dim(info, x, 2)
+            heads = static_dim(info, x, 2)
             if heads is None:
                 _decompose(proto, rotation, info)
                 return
@@ -352,7 +290,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
 
 def _decompose(proto: onnx.ModelProto, rotation: Rotation, info: dict) -> None:
     """Makes `swap(x)` a Split and a Concat along the channels (no whole-tensor transpose)."""
-    emit = _Emitter(proto, rotation.graph, rotation.add.name + "/swap_")
+    emit = Emitter(proto, rotation.graph, rotation.add.name + "/swap_")
     x, axis, rank = rotation.x, rotation.feature_axis, rotation.rank
     if rotation.layout == "half":
         first, second = emit.split_halves(x, axis)
@@ -364,7 +302,7 @@ def _decompose(proto: onnx.ModelProto, rotation: Rotation, info: dict) -> None:
         swapped = emit.op("Concat", [second, first], axis=rank)
         swapped = emit.op("Reshape", [swapped, emit.constant([0] * (rank - 1) + [-1])])
     else:
-        width = _static_dim(info, x, axis)
+        width = static_dim(info, x, axis)
         if width is None:
             return  # the graph's own swap stays
         permutation = np.arange(width).reshape(-1, 2)[:, ::-1].reshape(-1)
@@ -373,34 +311,6 @@ def _decompose(proto: onnx.ModelProto, rotation: Rotation, info: dict) -> None:
     inputs = rotation.swap_mul.input
     index = 0 if inputs[0] != rotation.sin_table else 1
     inputs[index] = swapped
-
-
-def remove_unused_nodes(proto: onnx.ModelProto) -> None:
-    """Drops nodes and initializers nothing reads, in every graph (subgraphs read outer names)."""
-    while True:
-        read = {o.name for o in proto.graph.output}
-        for graph in graphs(proto.graph):
-            read |= {o.name for o in graph.output}
-            read |= {name for node in graph.node for name in node.input}
-        removed = 0
-        for graph in graphs(proto.graph):
-            for node in list(graph.node):
-                if not any(name in read for name in node.output):
-                    graph.node.remove(node)
-                    removed += 1
-        if not removed:
-            break
-    for graph in graphs(proto.graph):
-        returned = {o.name for o in graph.output}
-        for initializer in list(graph.initializer):
-            if initializer.name not in read | returned:
-                graph.initializer.remove(initializer)
-    produced = {name for g in graphs(proto.graph) for n in g.node for name in n.output}
-    produced |= {i.name for g in graphs(proto.graph) for i in [*g.input, *g.initializer]}
-    for graph in graphs(proto.graph):
-        for value in list(graph.value_info):
-            if value.name not in produced:
-                graph.value_info.remove(value)
 
 
 def to_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -424,10 +334,10 @@ def replace_erfc(proto: onnx.ModelProto) -> int:
             if node.op_type != "Erfc" or node.domain not in ("", "ai.onnx"):
                 continue
             if info is None:
-                info = _tensor_info(proto)
-            elem_type = _elem_type(info, node.input[0]) or onnx.TensorProto.FLOAT
-            emit = _Emitter(proto, graph, node.name + "/erfc_")
-            one = emit.constant(1.0, helper.tensor_dtype_to_np_dtype(elem_type))
+                info = tensor_info(proto)
+            dtype = elem_type(info, node.input[0]) or onnx.TensorProto.FLOAT
+            emit = Emitter(proto, graph, node.name + "/erfc_")
+            one = emit.constant(1.0, helper.tensor_dtype_to_np_dtype(dtype))
             emit.op("Sub", [one, emit.op("Erf", [node.input[0]])], list(node.output))
             emit.insert_before(node)
             graph.node.remove(node)
@@ -435,11 +345,32 @@ def replace_erfc(proto: onnx.ModelProto) -> int:
     return count
 
 
-def op_counts(proto: onnx.ModelProto) -> dict[str, int]:
-    """How many nodes of each `domain:op_type` (plain `op_type` for ONNX's) all graphs hold."""
-    counts: dict[str, int] = {}
-    for graph in graphs(proto.graph):
-        for node in graph.node:
-            key = f"{node.domain}:{node.op_type}" if node.domain else node.op_type
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+def optimized(
+    proto: onnx.ModelProto, rotary: str = "fused", opset: int | None = None
+) -> onnx.ModelProto:
+    """Every pass here on tf2onnx's `proto`: what `save_onnx(rotary=..., opset=...)` writes.
+
+    `Erfc` becomes `1 - Erf`; with `opset` of `STANDARD_ROTARY_OPSET` or later the model is
+    converted to it and `rotary="fused"` emits the ONNX `RotaryEmbedding`, below it
+    onnxruntime's `com.microsoft.RotaryEmbedding`; `rotary="decomposed"` keeps standard
+    ops. The result passes `onnx.checker.check_model(full_check=True)`.
+
+    Args:
+        proto: the converted model (changed in place unless it is converted to `opset`).
+        rotary: `"fused"` or `"decomposed"`.
+        opset: the opset to write; None keeps the model's.
+
+    Returns:
+        The rewritten model.
+    """
+    if rotary not in ("fused", "decomposed"):
+        raise ValueError(f"Unknown rotary={rotary!r}; expected 'fused' or 'decomposed'.")
+    replace_erfc(proto)
+    if opset is not None and opset != default_opset(proto):
+        proto = to_opset(proto, opset)
+    form = rotary
+    if rotary == "fused" and default_opset(proto) >= STANDARD_ROTARY_OPSET:
+        form = "standard"
+    rewrite_rotations(proto, form)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
