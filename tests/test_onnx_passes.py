@@ -39,8 +39,10 @@ def _rope_model(layer_kwargs: dict, inputs: str, shape: tuple = (None, HEADS, DI
         start = keras.Input((), dtype="int32", name="start", batch_size=1)
         model_inputs.append(start)
         call["start_index"] = start[0]
-    elif inputs == "positions":
-        positions = keras.Input((None,), dtype="int32", name="positions")
+    elif inputs.startswith("positions"):
+        # "positions" (batch, sequence), "positions3" (batch, sequence, 3 axes).
+        axes = (int(inputs[len("positions") :]),) if inputs != "positions" else ()
+        positions = keras.Input((None, *axes), dtype="int32", name="positions")
         model_inputs.append(positions)
         call["positions"] = positions
     return keras.Model(model_inputs, RotaryEmbedding(**layer_kwargs)(x, **call))
@@ -71,6 +73,8 @@ CONFIGS = {
     "start_interleaved": ({"layout": "interleaved"}, "start"),
     "positions_half": ({}, "positions"),
     "positions_interleaved": ({"layout": "interleaved"}, "positions"),
+    "axial": ({"axes_dims": (4, 4)}, "positions2"),
+    "mrope": ({"mrope_section": (2, 1, 1)}, "positions3"),
     "rank3": ({}, "rank3"),
     "heads_first": ({"sequence_axis": 2}, "heads_first"),
     "linear": ({"scaling": {"rope_type": "linear", "factor": 2.0}}, "start"),
@@ -153,9 +157,10 @@ def _feeds(name: str) -> list[dict[str, np.ndarray]]:
 
     if inputs in ("start", "attention"):
         return [{"x": x(b, n), "start": np.array([s], np.int32)} for b, n, s in STARTS]
-    if inputs == "positions":
+    if inputs.startswith("positions"):
+        axes = (int(inputs[len("positions") :]),) if inputs != "positions" else ()
         return [
-            {"x": x(b, n), "positions": rng.integers(0, high, (b, n)).astype(np.int32)}
+            {"x": x(b, n), "positions": rng.integers(0, high, (b, n, *axes)).astype(np.int32)}
             for b, n, high in [(2, 5, 4096), (2, 7, 2**24)]
         ]
     # Start 0, lengths within the cache and past it.
