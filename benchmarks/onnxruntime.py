@@ -10,7 +10,8 @@ medians of per-call times and the median of the per-round ratios):
   rows sliced by the length), the "halves" form of standard ops (four Mul on the halves)
   and the export as tf2onnx writes it;
 - the additive layers (sinusoidal, learned; start 0 and a runtime start, which goes
-  through an `If`) against `x + c` with a constant `c`;
+  through an `If`) against `x + c` with a constant `c`, and against `x + c[start:start+n]`
+  sliced from a constant table (the least a graph of dynamic length can do);
 - a 2-block pre-norm encoder with `RotaryMultiHeadAttention` against the same encoder with
   `keras.layers.MultiHeadAttention`, in onnxruntime and as a TensorFlow SavedModel.
 
@@ -192,6 +193,26 @@ def constant_add_graph(rows: np.ndarray) -> onnx.ModelProto:
     return _model(nodes, inputs, [numpy_helper.from_array(rows, "c")])
 
 
+def sliced_add_graph(table: np.ndarray) -> onnx.ModelProto:
+    """`x + table[start : start + length]`: the least a graph of dynamic length can do."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "one", "two"], ["length"]),
+        helper.make_node("Add", ["start", "length"], ["end"]),
+        helper.make_node("Slice", ["table", "start", "end", "zero"], ["rows"]),
+        helper.make_node("Add", ["x", "rows"], ["y"]),
+    ]
+    initializers = [numpy_helper.from_array(table, "table")] + [
+        numpy_helper.from_array(np.array([v], np.int64), k)
+        for k, v in (("zero", 0), ("one", 1), ("two", 2))
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
+    ]
+    return _model(nodes, inputs, initializers)
+
+
 def _layer_model(layer, shape, runtime_start: bool) -> keras.Model:
     x = keras.Input((None, *shape[2:]), name="x")
     inputs, call = [x], {}
@@ -246,9 +267,13 @@ def additive_cases(shape) -> dict[str, dict[str, Callable]]:
             feeds = {"x": x, **({"start": np.array([start], np.int32)} if runtime_start else {})}
             reference = np.asarray(model([x, feeds["start"]] if runtime_start else x))
             rows = (reference - x)[0]  # the rows the layer adds, as a constant
+            table = np.zeros((CACHED_POSITIONS, shape[-1]), np.float32)
+            table[start : start + shape[1]] = rows
+            sliced_feeds = {"x": x, "start": np.array([start], np.int64)}
             cases[f"{name} {shape} {'runtime start' if runtime_start else 'start 0'}"] = {
                 "export": ort_call(export.onnx_model(model), feeds),
                 "x + c": ort_call(constant_add_graph(rows), {"x": x}),
+                "x + sliced c": ort_call(sliced_add_graph(table), sliced_feeds),
             }
     return cases
 
@@ -353,8 +378,8 @@ RATIOS = {
         ("tf2onnx", "least_work"),
         ("least_work", "kernel"),
     ],
-    "sinusoidal": [("export", "x + c")],
-    "learned": [("export", "x + c")],
+    "sinusoidal": [("export", "x + c"), ("export", "x + sliced c"), ("x + sliced c", "x + c")],
+    "learned": [("export", "x + c"), ("export", "x + sliced c"), ("x + sliced c", "x + c")],
     "encoder": [
         ("ort rope fused", "ort plain"),
         ("ort rope decomposed", "ort plain"),
