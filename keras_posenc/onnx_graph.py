@@ -95,6 +95,13 @@ def static_dim(info: dict, name: str, axis: int) -> int | None:
     return dims[axis].dim_value
 
 
+def rank(info: dict, name: str) -> int | None:
+    tensor_type = info.get(name)
+    if tensor_type is None or not tensor_type.tensor_type.HasField("shape"):
+        return None
+    return len(tensor_type.tensor_type.shape.dim)
+
+
 def elem_type(info: dict, name: str) -> int | None:
     tensor_type = info.get(name)
     return tensor_type.tensor_type.elem_type if tensor_type is not None else None

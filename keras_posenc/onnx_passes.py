@@ -31,6 +31,7 @@ from keras_posenc.onnx_graph import (
     elem_type,
     graphs,
     op_counts,
+    rank,
     remove_unused_nodes,
     static_dim,
     tensor_info,
@@ -204,7 +205,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
     x, output = rotation.x, rotation.add.output[0]
     interleaved = rotation.layout == "interleaved"
     # The rows this call rotates with, one per (batch row,) position: (rows, rotary_dim).
-    rows = [emit.op("Flatten", [t], axis=-1) for t in (rotation.cos_table, rotation.sin_table)]
+    rows = [_row_table(emit, rotation, t, info) for t in (rotation.cos_table, rotation.sin_table)]
     if interleaved:
         # C repeats cos over each pair (c, c); S holds (-s, s).
         cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [2**62], [1], [2]))])
@@ -286,6 +287,21 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
         emit.nodes[-1].output[0] = output
     emit.insert_before(rotation.add)
     rotation.graph.node.remove(rotation.add)
+
+
+def _row_table(emit: Emitter, rotation: Rotation, table: str, info: dict) -> str:
+    """`table` as `(rows, rotary_dim)`.
+
+    For `(batch, sequence, heads, D)` inputs `RotaryEmbedding` reshapes its `(sequence, D)`
+    or `(batch, sequence, D)` rows to broadcast: the rows before that reshape serve as
+    they are (or flattened), and the reshape goes.
+    """
+    producer = next((n for n in emit.graph.node if table in n.output), None)
+    if (rotation.rank, rotation.sequence_axis) == (4, 1) and producer.op_type == "Reshape":
+        table = producer.input[0]
+        if rank(info, table) == 2:
+            return table
+    return emit.op("Flatten", [table], axis=-1)
 
 
 def _decompose(proto: onnx.ModelProto, rotation: Rotation, info: dict) -> None:
