@@ -32,6 +32,7 @@ from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
     DynamicRows,
     SwitchByLength,
+    check_shared_keys,
     checked_scaling,
     dynamic_turns,
     rope_parameters,
@@ -222,6 +223,8 @@ class RotaryEmbedding(keras.layers.Layer):
         self.sequence_axis = checked_axis(sequence_axis, "sequence_axis")
         self.feature_axis = checked_axis(feature_axis, "feature_axis")
         self.scaling = checked_scaling(scaling)
+        if self.scaling is not None:
+            check_shared_keys(self.scaling, self.max_wavelength)  # rope_theta must agree
         self.positions_from_mask = checked_bool(positions_from_mask, "positions_from_mask")
         checked_float_policy(self)
         if self.rotary_dim is not None and self.rotary_dim <= _EARLY_CHECK_DIM:

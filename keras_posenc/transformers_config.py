@@ -21,6 +21,7 @@ from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exp
     COMPOSITE,
     FAMILIES,
     FULL,
+    MAYBE_COMPOSITE,
     SLIDING,
     Family,
 )
@@ -46,7 +47,9 @@ def _as_dict(config: Any) -> dict:
 
 
 def _language_config(config: dict) -> dict:
-    if config.get("model_type") in COMPOSITE:
+    if config.get("model_type") in MAYBE_COMPOSITE and "text_config" not in config:
+        return config
+    if config.get("model_type") in COMPOSITE + MAYBE_COMPOSITE:
         if not isinstance(config.get("text_config"), Mapping):
             raise ValueError(
                 f"A {config['model_type']!r} config keeps its language model under "
@@ -202,6 +205,12 @@ def _chosen(entries: dict, types: list[str], layer_type: str | None) -> tuple[st
 def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, float, dict | None]:
     """`(theta, partial_rotary_factor, scaling dict or None)` of one rope parameter dict."""
     scaling = dict(entry)
+    for key in ("mrope_section", "mrope_interleaved"):
+        scaling.pop(key, None)  # read by _mrope
+    if scaling.get("rope_type", scaling.get("type")) == "mrope":
+        # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
+        scaling.pop("type", None)
+        scaling["rope_type"] = "default"
     if "type" in scaling and scaling.setdefault("rope_type", scaling["type"]) == scaling["type"]:
         del scaling["type"]  # when they differ, checked_scaling names both
     rope_type = scaling.setdefault("rope_type", "default")
@@ -236,6 +245,25 @@ def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, floa
     theta = scaling.pop("rope_theta")
     partial = scaling.pop("partial_rotary_factor", 1.0)
     return theta, partial, None if rope_type == "default" else scaling
+
+
+def _mrope(entry: dict, family: Family) -> dict:
+    """`mrope_section` / `mrope_interleaved` arguments of a multimodal RoPE family, else {}."""
+    if family.mrope is None:
+        if "mrope_section" in entry:
+            raise ValueError(
+                "The config has an 'mrope_section', but its model_type uses 1D RoPE; "
+                "give the model_type of the multimodal model."
+            )
+        return {}
+    interleaved = entry.get("mrope_interleaved", family.mrope_interleaved)
+    if bool(interleaved) != family.mrope_interleaved:
+        raise ValueError(
+            f"'mrope_interleaved': {interleaved!r} differs from what this family's code does "
+            f"({family.mrope_interleaved}); transformers ignores it: remove it."
+        )
+    section = entry.get("mrope_section", family.mrope)
+    return {"mrope_section": tuple(section), "mrope_interleaved": family.mrope_interleaved}
 
 
 def _unread(config: dict, consumed: set) -> None:
@@ -299,6 +327,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         _unread(config, consumed)
         _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
         theta, partial, scaling = _scaling(entry, config, original_top=None in entries)
+        mrope = _mrope(entry, family)
         rotary_dim = int(head_dim * partial)
     if rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(
@@ -316,6 +345,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         "layout": family_layout,
         "rotary_dim": None if rotary_dim == head_dim else rotary_dim,
         "scaling": scaling,
+        **({} if family.fixed else mrope),
     }
 
 

@@ -25,6 +25,9 @@ class Family:
         scaling_types: the layer types a transformers-4 `rope_scaling` applies to (None: all).
         fixed: the family's code takes no RoPE keys but `rotary_dim` (GPT-J, CodeGen).
         head_dim: its default `head_dim` (None: `hidden_size // num_attention_heads`).
+        mrope: its multimodal RoPE's default `mrope_section` (None: 1D RoPE).
+        mrope_interleaved: whether its M-RoPE interleaves the axes (Qwen3-VL) or chunks
+            them (Qwen2-VL); fixed by the family's code, whatever the config says.
     """
 
     layout: str = "half"
@@ -34,6 +37,8 @@ class Family:
     scaling_types: tuple[str, ...] | None = None
     fixed: bool = False
     head_dim: int | None = None
+    mrope: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
 
 
 _GLOBAL_LOCAL = {FULL: 1e6, SLIDING: 1e4}
@@ -89,6 +94,18 @@ FAMILIES: dict[str, Family] = {
     "codegen": Family(layout="interleaved", fixed=True),
     # `rope_interleave` (default true) picks the layout; see `_layout`.
     "deepseek_v3": Family(layout="interleaved"),
+    # Multimodal RoPE: the sections default in the rotary module, not in the config.
+    **{
+        name: Family(theta=1e6, mrope=(16, 24, 24))
+        for name in ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text")
+    },
+    **{
+        name: Family(theta=5e5, head_dim=128, mrope=(24, 20, 20), mrope_interleaved=True)
+        for name in ("qwen3_vl", "qwen3_vl_text")
+    },
 }
 # Configs that hold the language model's config under `text_config`.
 COMPOSITE = ("gemma3",)
+# Configs that hold it under `text_config` in transformers 5 and at the top level in the
+# config.json files of transformers 4.
+MAYBE_COMPOSITE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")

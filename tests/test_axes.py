@@ -352,7 +352,53 @@ def test_mrope_equals_transformers(family):
     position_ids = torch.tensor(positions.T[:, None, :])  # (3, batch, sequence)
     cos, sin = rotary(torch.tensor(q), position_ids)
     expected, _ = modeling.apply_rotary_pos_emb(torch.tensor(q), torch.tensor(q), cos, sin)
-    layer = RotaryEmbedding(
-        mrope_section=section, mrope_interleaved=interleaved, sequence_axis=2, feature_axis=3
-    )
+    layer = RotaryEmbedding.from_transformers_config(config, sequence_axis=2, feature_axis=3)
+    assert (layer.mrope_section, layer.mrope_interleaved) == (section, interleaved)
     np.testing.assert_allclose(layer(q, positions=positions), expected.numpy(), atol=1e-5)
+
+
+def test_mrope_configs_are_read_in_every_format():
+    from transformers import Qwen2VLConfig, Qwen3VLConfig
+
+    # transformers 4's config.json of Qwen2-VL-7B: the sections under rope_scaling "mrope".
+    raw = {
+        "model_type": "qwen2_vl",
+        "hidden_size": 3584,
+        "num_attention_heads": 28,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    }
+    expected = {
+        "max_wavelength": 1e6,
+        "layout": "half",
+        "rotary_dim": None,
+        "scaling": None,
+        "mrope_section": (16, 24, 24),
+        "mrope_interleaved": False,
+    }
+    read = RotaryEmbedding.from_transformers_config(raw)
+    assert {key: getattr(read, key) for key in expected} == expected
+    # transformers 5's composite configs, as objects and dicts; sections from the module.
+    for config, section, interleaved in (
+        (Qwen2VLConfig(), (16, 24, 24), False),
+        (Qwen3VLConfig(), (24, 20, 20), True),
+    ):
+        for given in (config, config.to_dict()):
+            layer = RotaryEmbedding.from_transformers_config(given)
+            assert (layer.mrope_section, layer.mrope_interleaved) == (section, interleaved)
+    with pytest.raises(ValueError, match="transformers ignores it"):
+        RotaryEmbedding.from_transformers_config(
+            {**raw, "rope_scaling": {**raw["rope_scaling"], "mrope_interleaved": True}}
+        )
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text"])
+def test_mrope_keys_a_config_leaves_out_get_transformers_defaults(model_type):
+    import transformers
+
+    from keras_posenc.transformers_config import rotary_arguments
+
+    raw = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4}
+    config = transformers.AutoConfig.for_model(**raw)
+    assert rotary_arguments(raw) == rotary_arguments(config) == rotary_arguments(config.to_dict())
