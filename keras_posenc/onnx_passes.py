@@ -293,14 +293,16 @@ def _row_table(emit: Emitter, rotation: Rotation, table: str, info: dict) -> str
     """`table` as `(rows, rotary_dim)`.
 
     For `(batch, sequence, heads, D)` inputs `RotaryEmbedding` reshapes its `(sequence, D)`
-    or `(batch, sequence, D)` rows to broadcast: the rows before that reshape serve as
-    they are (or flattened), and the reshape goes.
+    rows to broadcast: a 2D input of that reshape, `D` wide, serves as it is and the
+    reshape goes. Anything else is flattened: tf2onnx merges consecutive reshapes, so the
+    input of the one before the product may be the rows in another arrangement.
     """
     producer = next((n for n in emit.graph.node if table in n.output), None)
     if (rotation.rank, rotation.sequence_axis) == (4, 1) and producer.op_type == "Reshape":
-        table = producer.input[0]
-        if rank(info, table) == 2:
-            return table
+        rows = producer.input[0]
+        width = static_dim(info, rows, 1)
+        if rank(info, rows) == 2 and width in (None, static_dim(info, rotation.x, 3)):
+            return rows
     return emit.op("Flatten", [table], axis=-1)
 
 
