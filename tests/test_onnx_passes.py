@@ -261,19 +261,34 @@ def _tf2onnx_proto(model: keras.Model) -> onnx.ModelProto:
     return proto
 
 
-def test_exact_gelu_encoder_exports_and_matches_keras():
+@functools.cache
+def _gelu_encoder() -> tuple[keras.Model, onnx.ModelProto]:
     x = keras.Input((None, 16), name="x")
     h = keras.layers.LayerNormalization()(x)
     h = x + RotaryMultiHeadAttention(num_heads=2, key_dim=8)(h, h)
     h = h + keras.layers.Dense(16)(keras.layers.Dense(32, activation="gelu")(h))
     model = keras.Model(x, h)
-    proto = _tf2onnx_proto(model)
-    assert onnx_passes.op_counts(proto).get("Erfc", 0) == 1
-    assert onnx_passes.replace_erfc(proto) == 1
-    onnx_passes.rewrite_rotations(proto, "fused")
-    onnx.checker.check_model(proto, full_check=True)
+    return model, _tf2onnx_proto(model)
+
+
+@pytest.mark.parametrize(
+    "rotary, opset, kernel",
+    [
+        ("fused", None, "com.microsoft:RotaryEmbedding"),
+        ("fused", 23, "RotaryEmbedding"),
+        ("decomposed", None, None),
+    ],
+)
+def test_exact_gelu_encoder_exports_and_matches_keras(rotary, opset, kernel):
+    model, converted = _gelu_encoder()
+    assert onnx_passes.op_counts(converted).get("Erfc", 0) == 1
+    proto = onnx_passes.optimized(copy.deepcopy(converted), rotary=rotary, opset=opset)
     counts = onnx_passes.op_counts(proto)
     assert "Erfc" not in counts and counts["Erf"] == 1
+    if kernel:
+        assert counts[kernel] == 2, counts
+    else:
+        assert not {"RotaryEmbedding", "com.microsoft:RotaryEmbedding"} & set(counts)
     session = _session(proto)
     rng = np.random.default_rng(0)
     for batch, length in [(1, 1), (2, 7), (3, 33)]:
@@ -281,6 +296,12 @@ def test_exact_gelu_encoder_exports_and_matches_keras():
         value = (8 * rng.standard_normal((batch, length, 16))).astype(np.float32)
         (actual,) = session.run(None, {"x": value})
         np.testing.assert_allclose(actual, np.asarray(model(value)), rtol=1e-5, atol=TOLERANCE)
+
+
+def test_optimized_rejects_an_unknown_rotary_option():
+    _, converted = _gelu_encoder()
+    with pytest.raises(ValueError, match="'fused' or 'decomposed'"):
+        onnx_passes.optimized(copy.deepcopy(converted), rotary="standard")
 
 
 def test_erfc_rewrite_matches_erfc_in_float32():
