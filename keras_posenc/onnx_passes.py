@@ -300,6 +300,10 @@ def _row_table(emit: Emitter, rotation: Rotation, table: str, info: dict) -> str
     producer = next((n for n in emit.graph.node if table in n.output), None)
     if (rotation.rank, rotation.sequence_axis) == (4, 1) and producer.op_type == "Reshape":
         rows = producer.input[0]
+        # tf2onnx may add a leading axis first; it moves no value.
+        source = next((n for n in emit.graph.node if rows in n.output), None)
+        if source is not None and source.op_type == "Unsqueeze":
+            rows = source.input[0]
         width = static_dim(info, rows, 1)
         if rank(info, rows) == 2 and width in (None, static_dim(info, rotation.x, 3)):
             return rows
