@@ -120,8 +120,13 @@ def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
         if isinstance(length, (int, np.integer)):
             return _xla_dynamic_rows(table, start, length)
         return tf.gather(table, tf.range(length) + start)
-    # Outside XLA a slice of leading rows shares the table's memory: no copy.
-    return tf.slice(table, int_array([start, 0]), int_array([length, -1]))
+    if isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer)):
+        # Outside XLA a slice of leading rows shares the table's memory: no copy.
+        return tf.slice(table, int_array([start, 0]), int_array([length, -1]))
+    # A slice of the first axis alone keeps the width static for every converter (a Slice
+    # whose begin is packed from a tensor loses it, and the TFLite converter then needs a
+    # Flex op for the einsum after it).
+    return table[start : start + length]
 
 
 def choose_at_run_time(

@@ -59,7 +59,6 @@ def inverse_frequencies(
     return max_wavelength ** (-np.arange(pairs, dtype=np.float64) / max(pairs - 1, 1))
 
 
-@tf.function(autograph=False, reduce_retracing=True)
 def lookup_sin_cos(
     positions: tf.Tensor,
     fine_sin: tf.Tensor,
@@ -81,6 +80,12 @@ def lookup_sin_cos(
     sin_b = tf.gather(fine_sin, fine)
     cos_b = tf.gather(fine_cos, fine)
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
+
+
+# Eagerly one call instead of eight ops; in a graph the ops themselves (inline): a nested
+# function call hides the rows' shapes from converters (the TFLite converter then sees an
+# unranked tensor and needs a Flex op for the einsum after it).
+_eager_lookup_sin_cos = tf.function(lookup_sin_cos, autograph=False, reduce_retracing=True)
 
 
 class FrequencyTable:
@@ -113,7 +118,8 @@ class FrequencyTable:
 
     def sin_cos(self, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """float32 `(sin, cos)` for integer `positions` (any shape, in `[0, MAX_POSITIONS)`)."""
-        return lookup_sin_cos(positions, *(t.tensor() for t in self._split_tables))
+        lookup = _eager_lookup_sin_cos if tf.executing_eagerly() else lookup_sin_cos
+        return lookup(positions, *(t.tensor() for t in self._split_tables))
 
 
 def _split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -22,6 +22,8 @@ if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the rep
 
 from export.cli import main  # noqa: E402
 
+# What the job writes into each model's folder (the manifest lists the files it wrote).
+ARTIFACTS = [".keras-posenc-files", "model.onnx", "model.tflite", "report.json", "saved_model"]
 SMALL_GRID = ["--batch-sizes", "1,2", "--sequence-lengths", "3,17", "--repeats", "1"]
 
 
@@ -40,12 +42,12 @@ def test_python_m_export_writes_verifies_and_reports(tmp_path):
     for step in ("built", "SavedModel written", "ONNX opset 17 written", "verifying"):
         assert any(line.startswith("[1/1] learned: " + step) for line in lines), step
     rows = [line.split() for line in lines if line.startswith("learned ")]
-    assert [row[1] for row in rows] == ["keras", "saved_model", "onnxruntime"]
-    assert [row[-1] for row in rows[1:]] == ["pass", "pass"]
+    assert [row[1] for row in rows] == ["keras", "saved_model", "onnxruntime", "litert"]
+    assert [row[-1] for row in rows[1:]] == ["pass", "pass", "pass"]
 
     folder = out / "learned"
     assert sorted(p.name for p in out.iterdir()) == ["learned"]  # no temporary folders left
-    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    assert sorted(p.name for p in folder.iterdir()) == ARTIFACTS
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is True
     assert report["opset"] == 17
@@ -80,18 +82,18 @@ def test_model_option_exports_a_saved_keras_model(keras_file, tmp_path, capsys):
 def test_failed_verification_leaves_artifacts_and_exits_1(keras_file, tmp_path, monkeypatch):
     convert = kpe.onnx_model
 
-    def perturbed(model, opset=kpe.DEFAULT_OPSET):
-        proto = convert(model, opset)
+    def perturbed(model, opset=kpe.DEFAULT_OPSET, **options):
+        proto = convert(model, opset, **options)
         (kernel,) = [i for i in proto.graph.initializer if tuple(i.dims) == (8, 4)]
         values = onnx.numpy_helper.to_array(kernel) + np.float32(1e-3)
         kernel.CopyFrom(onnx.numpy_helper.from_array(values, kernel.name))
         return proto
 
-    monkeypatch.setattr(kpe, "onnx_model", perturbed)
+    monkeypatch.setattr(kpe.onnx_export, "onnx_model", perturbed)
     out = tmp_path / "out"
     assert main(["--model", str(keras_file), "--out", str(out), *SMALL_GRID]) == 1
     folder = out / "my_model"
-    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    assert sorted(p.name for p in folder.iterdir()) == ARTIFACTS
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is False
     assert report["summary"]["onnxruntime"]["passed"] is False
@@ -132,3 +134,78 @@ def test_unwritable_out_folder(capsys):
     assert main(["--encoder", "learned", "--out", "/sys/keras_posenc_artifacts"]) == 1
     assert "cannot create --out /sys/keras_posenc_artifacts" in capsys.readouterr().err
     assert not Path("/sys/keras_posenc_artifacts").exists()
+
+
+# --------------------------------------------------------------------------------------
+# The console script
+
+
+def _console_script() -> str:
+    """The `keras-posenc-export` entry point as pyproject.toml declares it."""
+    import tomllib
+
+    scripts = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["scripts"]
+    return scripts["keras-posenc-export"]
+
+
+def test_console_script_runs_from_any_folder_without_tensorflow_noise(keras_file, tmp_path):
+    module, function = _console_script().split(":")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    environment["PYTHONPATH"] = str(REPOSITORY)  # the package, as an installed one would be
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from {module} import {function}; sys.exit({function}())",
+            "--model",
+            str(keras_file),
+            "--max-length",
+            "20",
+            *SMALL_GRID,
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # TensorFlow's start-up lines (absl preamble, oneDNN, CPU features, cuInit) are gone.
+    for noise in ("cuInit", "oneDNN", "absl::InitializeLog", "cpu_feature_guard", "XNNPACK"):
+        assert noise not in result.stderr + result.stdout, noise
+    assert "[1/1] my_model: LiteRT written" in result.stdout
+    assert (elsewhere / "keras-posenc-artifacts" / "my_model" / "model.tflite").is_file()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keras-posenc-artifacts"]
+
+
+def test_default_out_is_export_artifacts_only_in_the_checkout(tmp_path, monkeypatch):
+    from keras_posenc.export import cli
+
+    monkeypatch.chdir(REPOSITORY)
+    assert cli.default_out() == REPOSITORY / "export" / "artifacts"
+    monkeypatch.chdir(tmp_path)
+    assert cli.default_out() == Path("keras-posenc-artifacts")
+    assert cli.parse_arguments([]).out == Path("keras-posenc-artifacts")
+
+
+def test_noise_filter_keeps_everything_else():
+    from keras_posenc_cli import is_noise
+
+    noise = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796114401.260192    6005 port.cc:153] oneDNN custom operations are on.",
+        "E0000 00:00:1796115100.178549   18124 cuda_platform.cc:52] failed call to cuInit: x",
+        "To enable the following instructions: AVX2 AVX512F, in other operations, rebuild",
+        "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",
+        'loc(callsite(fused["Einsum:", "m/attention_1/key_1/einsum/Einsum@f"] ...',
+        "error: failed while converting: 'main': ",
+    ]
+    kept = [
+        "E0000 00:00:1796115100.178549   18124 op.cc:1] a real error in a kernel",
+        "Traceback (most recent call last):",
+        "UserWarning: the model uses bfloat16",
+    ]
+    assert all(is_noise(line) for line in noise)
+    assert not any(is_noise(line) for line in kept)
