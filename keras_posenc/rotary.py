@@ -39,6 +39,8 @@ from keras_posenc.rope_scaling import (
 )
 
 LAYOUTS = ("half", "interleaved")
+# The name scope of the rotation's ops (what `keras_posenc.onnx_passes` looks for).
+ROTATION_SCOPE = "posenc_rotation_{layout}_r{rank}_s{sequence_axis}_f{feature_axis}_b{per_batch}"
 _EARLY_CHECK_DIM = 2**14
 
 
@@ -320,6 +322,7 @@ class RotaryEmbedding(keras.layers.Layer):
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
         table_axes = [0, self._sequence_axis, self._feature_axis][-cos_table.shape.rank :]
+        per_batch = cos_table.shape.rank == 3  # for the ONNX marker below
         if table_axes != list(range(rank - len(table_axes), rank)):
             # Not the input's trailing axes (heads lie between sequence and features).
             broadcast_shape = [1] * rank
@@ -333,11 +336,21 @@ class RotaryEmbedding(keras.layers.Layer):
         cos_table = tf.cast(cos_table, wide)
         sin_table = tf.cast(sin_table, wide)
 
+        # keras_posenc.onnx_passes finds the rotation by this name scope on its ONNX nodes.
+        marker = ROTATION_SCOPE.format(
+            layout=self.layout,
+            rank=rank,
+            sequence_axis=self._sequence_axis,
+            feature_axis=self._feature_axis,
+            per_batch=int(per_batch),
+        )
+
         def rotate(x):
-            x = tf.cast(x, wide)
-            swapped = swap_pairs(x, self.layout, self._feature_axis, form)
-            rotated = x * cos_table + swapped * sin_table
-            return tf.cast(rotated, inputs.dtype)
+            with tf.name_scope(marker):
+                x = tf.cast(x, wide)
+                swapped = swap_pairs(x, self.layout, self._feature_axis, form)
+                rotated = x * cos_table + swapped * sin_table
+                return tf.cast(rotated, inputs.dtype)
 
         head_dim = inputs.shape[self._feature_axis]
         if self._rotary_dim == head_dim:

@@ -1,0 +1,325 @@
+"""The ONNX rewrites (`keras_posenc.onnx_passes`): each rewritten export still matches Keras.
+
+Every RoPE configuration is exported once (`export.onnx_model`), rewritten in each form and
+run in onnxruntime on shapes and starts that reach the cached rows, the rows past them,
+and both sides of a scaling switch; the graph is checked for the kernel node (fused) or
+for the absence of a whole-tensor transpose of the rotation's input (decomposed).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, export, onnx_passes
+
+TOLERANCE = 1e-5
+HEADS, DIM = 2, 8
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _rope_model(layer_kwargs: dict, inputs: str, shape: tuple = (None, HEADS, DIM)) -> keras.Model:
+    x = keras.Input(shape, name="x")
+    model_inputs, call = [x], {}
+    if inputs == "start":
+        start = keras.Input((), dtype="int32", name="start", batch_size=1)
+        model_inputs.append(start)
+        call["start_index"] = start[0]
+    elif inputs.startswith("positions"):
+        # "positions" (batch, sequence), "positions3" (batch, sequence, 3 axes).
+        axes = (int(inputs[len("positions") :]),) if inputs != "positions" else ()
+        positions = keras.Input((None, *axes), dtype="int32", name="positions")
+        model_inputs.append(positions)
+        call["positions"] = positions
+    return keras.Model(model_inputs, RotaryEmbedding(**layer_kwargs)(x, **call))
+
+
+def _attention_model(layer_kwargs: dict) -> keras.Model:
+    x = keras.Input((None, 16), name="x")
+    start = keras.Input((), dtype="int32", name="start", batch_size=1)
+    attention = RotaryMultiHeadAttention(num_heads=HEADS, key_dim=DIM, **layer_kwargs)
+    y = attention(x, x, query_start_index=start[0], key_start_index=start[0])
+    return keras.Model([x, start], y)
+
+
+# name: (model, rotations, feeds per case as (batch, sequence, start or positions scale))
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.0, 1.5, 2.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+    "original_max_position_embeddings": 6,
+    "max_position_embeddings": 24,
+}
+CONFIGS = {
+    "half": ({}, "none"),
+    "interleaved": ({"layout": "interleaved"}, "none"),
+    "partial_half": ({"rotary_dim": 4}, "none"),
+    "partial_interleaved": ({"rotary_dim": 4, "layout": "interleaved"}, "none"),
+    "start_half": ({}, "start"),
+    "start_interleaved": ({"layout": "interleaved"}, "start"),
+    "positions_half": ({}, "positions"),
+    "positions_interleaved": ({"layout": "interleaved"}, "positions"),
+    "axial": ({"axes_dims": (4, 4)}, "positions2"),
+    "mrope": ({"mrope_section": (2, 1, 1)}, "positions3"),
+    "rank3": ({}, "rank3"),
+    "heads_first": ({"sequence_axis": 2}, "heads_first"),
+    "linear": ({"scaling": {"rope_type": "linear", "factor": 2.0}}, "start"),
+    "dynamic": (
+        {"scaling": {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 6}},
+        "start",
+    ),
+    "yarn": (
+        {"scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6}},
+        "start",
+    ),
+    "llama3": (
+        {
+            "scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 6,
+            }
+        },
+        "start",
+    ),
+    "longrope": ({"scaling": LONGROPE}, "start"),
+    "attention_half": ({}, "attention"),
+    "attention_interleaved_partial": (
+        {"rotary_layout": "interleaved", "rotary_dim": 4},
+        "attention",
+    ),
+    "attention_dynamic": (
+        {
+            "rotary_scaling": {
+                "rope_type": "dynamic",
+                "factor": 2.0,
+                "max_position_embeddings": 6,
+            }
+        },
+        "attention",
+    ),
+}
+# (batch, sequence, start): starts in the cache, across its end, past it; lengths on both
+# sides of the scaling switches (6).
+STARTS = [(2, 5, 0), (1, 9, 4090), (2, 3, 70000), (1, 1, 16_000_000)]
+
+
+@functools.cache
+def _exported(name: str):
+    layer_kwargs, inputs = CONFIGS[name]
+    if inputs == "attention":
+        model = _attention_model(layer_kwargs)
+    elif inputs == "rank3":
+        model = _rope_model(layer_kwargs, "none", (None, DIM))
+    elif inputs == "heads_first":
+        # export keeps the sequence on axis 1: the model puts the heads first itself.
+        x = keras.Input((None, HEADS, DIM), name="x")
+        heads_first = keras.layers.Permute((2, 1, 3))(x)
+        model = keras.Model(x, RotaryEmbedding(**layer_kwargs)(heads_first))
+    else:
+        model = _rope_model(layer_kwargs, inputs)
+    return model, export.onnx_model(model)
+
+
+@functools.cache
+def _cases(name: str) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """`(feeds, what Keras returns for them)` for each case of a configuration."""
+    model, _ = _exported(name)
+    return [(feeds, _keras(model, feeds)) for feeds in _feeds(name)]
+
+
+def _feeds(name: str) -> list[dict[str, np.ndarray]]:
+    _, inputs = CONFIGS[name]
+    rng = np.random.default_rng(0)
+
+    def x(batch, sequence):
+        shape = {
+            "attention": (batch, sequence, 16),
+            "rank3": (batch, sequence, DIM),
+        }.get(inputs, (batch, sequence, HEADS, DIM))
+        return rng.standard_normal(shape).astype(np.float32)
+
+    if inputs in ("start", "attention"):
+        return [{"x": x(b, n), "start": np.array([s], np.int32)} for b, n, s in STARTS]
+    if inputs.startswith("positions"):
+        axes = (int(inputs[len("positions") :]),) if inputs != "positions" else ()
+        return [
+            {"x": x(b, n), "positions": rng.integers(0, high, (b, n, *axes)).astype(np.int32)}
+            for b, n, high in [(2, 5, 4096), (2, 7, 2**24)]
+        ]
+    # Start 0, lengths within the cache and past it.
+    return [{"x": x(2, 5)}, {"x": x(1, 4100)}]
+
+
+def _keras(model: keras.Model, feeds: dict) -> np.ndarray:
+    values = list(feeds.values())
+    return np.asarray(model(values if len(values) > 1 else values[0]))
+
+
+def _rewritten(proto: onnx.ModelProto, form: str) -> tuple[onnx.ModelProto, int]:
+    proto = copy.deepcopy(proto)
+    if form == "standard":
+        proto = onnx_passes.to_opset(proto, onnx_passes.STANDARD_ROTARY_OPSET)
+    count = onnx_passes.rewrite_rotations(proto, form)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto, count
+
+
+def _transposed_sources(proto: onnx.ModelProto) -> set[str]:
+    """Tensors that reach a Transpose or ReverseSequence through reshapes only."""
+    sources = set()
+    for graph in onnx_passes.graphs(proto.graph):
+        producers = {name: node for node in graph.node for name in node.output}
+        for node in graph.node:
+            if node.op_type not in ("Transpose", "ReverseSequence"):
+                continue
+            tensor = node.input[0]
+            while True:
+                sources.add(tensor)
+                producer = producers.get(tensor)
+                if producer is None or producer.op_type not in ("Reshape", "Cast", "Identity"):
+                    break
+                tensor = producer.input[0]
+    return sources
+
+
+@pytest.mark.parametrize("form", onnx_passes.FORMS)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_rewritten_export_matches_keras(name, form):
+    _, base = _exported(name)
+    inputs = CONFIGS[name][1]
+    rotations = onnx_passes.find_rotations(base)
+    assert len(rotations) == (2 if inputs == "attention" else 1)
+    inputs_of_rotations = {r.x for r in rotations}
+
+    proto, count = _rewritten(base, form)
+    assert count == len(rotations)
+    assert [i.name for i in proto.graph.input] == [i.name for i in base.graph.input]
+    assert [o.name for o in proto.graph.output] == [o.name for o in base.graph.output]
+    counts = onnx_passes.op_counts(proto)
+    kernel = {"fused": "com.microsoft:RotaryEmbedding", "standard": "RotaryEmbedding"}.get(form)
+    if kernel:
+        assert counts.get(kernel, 0) == len(rotations), counts
+        assert not onnx_passes.find_rotations(proto)
+    else:
+        assert "RotaryEmbedding" not in counts and "com.microsoft:RotaryEmbedding" not in counts
+    assert not inputs_of_rotations & _transposed_sources(proto)
+    assert "ReverseSequence" not in counts
+    if inputs not in ("attention", "heads_first"):
+        assert "Transpose" not in counts, counts
+
+    session = _session(proto)
+    for feeds, expected in _cases(name):
+        (actual,) = session.run(None, feeds)
+        assert actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=TOLERANCE)
+
+
+def test_rewrite_rejects_an_unknown_form_and_the_wrong_opset():
+    _, base = _exported("half")
+    with pytest.raises(ValueError, match="expected one of"):
+        onnx_passes.rewrite_rotations(copy.deepcopy(base), "fast")
+    with pytest.raises(ValueError, match="to_opset"):
+        onnx_passes.rewrite_rotations(copy.deepcopy(base), "standard")
+    upgraded = onnx_passes.to_opset(base, onnx_passes.STANDARD_ROTARY_OPSET)
+    with pytest.raises(ValueError, match="form='standard'"):
+        onnx_passes.rewrite_rotations(upgraded, "fused")
+
+
+def test_a_model_without_rotation_is_left_as_it_is():
+    x = keras.Input((None, 8), name="x")
+    model = keras.Model(x, keras.layers.Dense(8)(x))
+    proto = export.onnx_model(model)
+    before = proto.SerializeToString()
+    assert onnx_passes.rewrite_rotations(proto, "fused") == 0
+    assert proto.SerializeToString() == before
+
+
+def _tf2onnx_proto(model: keras.Model) -> onnx.ModelProto:
+    # export.onnx_model refuses a graph with Erfc; convert the way it does, without the check.
+    import tf2onnx
+
+    proto, _ = tf2onnx.convert.from_function(
+        export.serving_function(model), input_signature=export.input_signature(model), opset=17
+    )
+    return proto
+
+
+@functools.cache
+def _gelu_encoder() -> tuple[keras.Model, onnx.ModelProto]:
+    x = keras.Input((None, 16), name="x")
+    h = keras.layers.LayerNormalization()(x)
+    h = x + RotaryMultiHeadAttention(num_heads=2, key_dim=8)(h, h)
+    h = h + keras.layers.Dense(16)(keras.layers.Dense(32, activation="gelu")(h))
+    model = keras.Model(x, h)
+    return model, _tf2onnx_proto(model)
+
+
+@pytest.mark.parametrize(
+    "rotary, opset, kernel",
+    [
+        ("fused", None, "com.microsoft:RotaryEmbedding"),
+        ("fused", 23, "RotaryEmbedding"),
+        ("decomposed", None, None),
+    ],
+)
+def test_exact_gelu_encoder_exports_and_matches_keras(rotary, opset, kernel):
+    model, converted = _gelu_encoder()
+    assert onnx_passes.op_counts(converted).get("Erfc", 0) == 1
+    proto = onnx_passes.optimized(copy.deepcopy(converted), rotary=rotary, opset=opset)
+    counts = onnx_passes.op_counts(proto)
+    assert "Erfc" not in counts and counts["Erf"] == 1
+    if kernel:
+        assert counts[kernel] == 2, counts
+    else:
+        assert not {"RotaryEmbedding", "com.microsoft:RotaryEmbedding"} & set(counts)
+    session = _session(proto)
+    rng = np.random.default_rng(0)
+    for batch, length in [(1, 1), (2, 7), (3, 33)]:
+        # Wide inputs reach gelu's tails, where 1 - erf(x) rounds to 0 or 2.
+        value = (8 * rng.standard_normal((batch, length, 16))).astype(np.float32)
+        (actual,) = session.run(None, {"x": value})
+        np.testing.assert_allclose(actual, np.asarray(model(value)), rtol=1e-5, atol=TOLERANCE)
+
+
+def test_optimized_rejects_an_unknown_rotary_option():
+    _, converted = _gelu_encoder()
+    with pytest.raises(ValueError, match="'fused' or 'decomposed'"):
+        onnx_passes.optimized(copy.deepcopy(converted), rotary="standard")
+
+
+def test_erfc_rewrite_matches_erfc_in_float32():
+    # 1 - Erf (run by onnxruntime) against erfc in float64, on a graph of nothing but the op.
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Erfc", ["x"], ["y"], name="erfc")],
+        "erfc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert onnx_passes.replace_erfc(proto) == 1
+    onnx.checker.check_model(proto, full_check=True)
+    values = np.linspace(-6, 6, 97, dtype=np.float32)
+    (actual,) = _session(proto).run(None, {"x": values})
+    expected = np.array([math.erfc(v) for v in values.astype(np.float64)])
+    assert actual.dtype == np.float32
+    # Within one float32 step at 2 (the largest value): the absolute precision it keeps.
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=2.0**-22)
