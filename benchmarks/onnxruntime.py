@@ -52,8 +52,8 @@ from keras_posenc import (  # noqa: E402
     RotaryMultiHeadAttention,
     SinusoidalPositionalEncoding,
     export,
-    onnx_passes,
 )
+from keras_posenc.export import onnx_passes  # noqa: E402
 from keras_posenc.frequencies import CACHED_POSITIONS, inverse_frequencies  # noqa: E402
 
 RUNTIME_START = 100  # a start fed at run time, rows still in the cache
@@ -234,7 +234,7 @@ def rotary_cases(shape, small: bool) -> dict[str, dict[str, Callable]]:
         start = min(RUNTIME_START, CACHED_POSITIONS - shape[1]) if runtime_start else 0
         model = _layer_model(RotaryEmbedding(), shape, runtime_start)
         feeds = {"x": x, **({"start": np.array([start], np.int32)} if runtime_start else {})}
-        base = export.onnx_model(model)
+        base = export.onnx_model(model, rotary=None)
         candidates = {"tf2onnx": ort_call(base, feeds)} if small else {}
         for form in onnx_passes.FORMS:
             proto = copy.deepcopy(base)

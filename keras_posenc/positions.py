@@ -192,8 +192,10 @@ def position_rows(
             # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
             positions = tf.clip_by_value(positions, 0, limit - 1)
         rows_of_batch = static_dim(positions, 0) if positions.shape.rank == axes + 1 else None
-        if rows_of_batch is not None and batch is not None and not (
-            isinstance(rows_of_batch, int) and isinstance(batch, int)
+        if (
+            rows_of_batch is not None
+            and batch is not None
+            and not (isinstance(rows_of_batch, int) and isinstance(batch, int))
         ):
             # Per-row positions of another batch would broadcast the output to theirs.
             same_batch = tf.equal(rows_of_batch, batch)

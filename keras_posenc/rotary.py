@@ -39,7 +39,7 @@ from keras_posenc.rope_scaling import (
 )
 
 LAYOUTS = ("half", "interleaved")
-# The name scope of the rotation's ops (what `keras_posenc.onnx_passes` looks for).
+# The name scope of the rotation's ops (what `keras_posenc.export.onnx_passes` looks for).
 ROTATION_SCOPE = "posenc_rotation_{layout}_r{rank}_s{sequence_axis}_f{feature_axis}_b{per_batch}"
 _EARLY_CHECK_DIM = 2**14
 
@@ -336,7 +336,7 @@ class RotaryEmbedding(keras.layers.Layer):
         cos_table = tf.cast(cos_table, wide)
         sin_table = tf.cast(sin_table, wide)
 
-        # keras_posenc.onnx_passes finds the rotation by this name scope on its ONNX nodes.
+        # keras_posenc.export.onnx_passes finds the rotation by this name scope on its ONNX nodes.
         marker = ROTATION_SCOPE.format(
             layout=self.layout,
             rank=rank,

@@ -18,7 +18,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, export, onnx_passes
+from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, export
+from keras_posenc.export import onnx_passes
 
 TOLERANCE = 1e-5
 HEADS, DIM = 2, 8
@@ -134,7 +135,7 @@ def _exported(name: str):
         model = keras.Model(x, RotaryEmbedding(**layer_kwargs)(heads_first))
     else:
         model = _rope_model(layer_kwargs, inputs)
-    return model, export.onnx_model(model)
+    return model, export.onnx_model(model, rotary=None)
 
 
 @functools.cache
@@ -245,7 +246,7 @@ def test_rewrite_rejects_an_unknown_form_and_the_wrong_opset():
 def test_a_model_without_rotation_is_left_as_it_is():
     x = keras.Input((None, 8), name="x")
     model = keras.Model(x, keras.layers.Dense(8)(x))
-    proto = export.onnx_model(model)
+    proto = export.onnx_model(model, rotary=None)
     before = proto.SerializeToString()
     assert onnx_passes.rewrite_rotations(proto, "fused") == 0
     assert proto.SerializeToString() == before

@@ -106,8 +106,15 @@ def parse_arguments(
         type=int,
         metavar="N",
         default=DEFAULT_OPSET,
-        help=f"ONNX opset, {SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1} "
-        f"(default {DEFAULT_OPSET})",
+        help=f"ONNX opset, one of {', '.join(map(str, SUPPORTED_OPSETS))} (23: ONNX's own "
+        f"RotaryEmbedding op; default {DEFAULT_OPSET})",
+    )
+    parser.add_argument(
+        "--rotary",
+        choices=("fused", "decomposed"),
+        default="fused",
+        help="RoPE in the ONNX file: onnxruntime's fused kernel, or standard ops only "
+        "(default: fused)",
     )
     parser.add_argument(
         "--max-length",
@@ -143,8 +150,8 @@ def parse_arguments(
         arguments.out = default_out()
     if arguments.opset not in SUPPORTED_OPSETS:
         parser.error(
-            f"--opset {arguments.opset} is not supported: tf2onnx writes opsets "
-            f"{SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1}"
+            f"--opset {arguments.opset} is not supported: use one of "
+            f"{', '.join(map(str, SUPPORTED_OPSETS))}"
         )
     if arguments.model is not None:
         if not arguments.model.is_file():
@@ -212,7 +219,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
         log(f"SavedModel written ({time.perf_counter() - clock:.1f} s)")
 
         clock = time.perf_counter()
-        export.save_onnx(model, folder / "model.onnx", arguments.opset)
+        export.save_onnx(model, folder / "model.onnx", arguments.opset, rotary=arguments.rotary)
         constants = export.onnx_constant_bytes(folder / "model.onnx")
         parameters = export.parameter_bytes(model)
         tables = export.position_table_bytes(model)
@@ -255,6 +262,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
                 "model": job.name,
                 "description": job.description,
                 "opset": arguments.opset,
+                "rotary": arguments.rotary,
                 "saved_model": "saved_model",
                 "onnx": "model.onnx",
                 **({"litert_error": litert_error} if litert_error else {"litert": "model.tflite"}),

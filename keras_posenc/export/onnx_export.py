@@ -14,6 +14,7 @@ import keras
 import numpy as np
 
 from keras_posenc import _tf
+from keras_posenc.export import onnx_passes
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
@@ -21,14 +22,16 @@ from keras_posenc.export.signature import input_signature, layers_in_scopes, ser
 
 DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
-# matmuls of attention layers.
-SUPPORTED_OPSETS = range(13, 19)
+# matmuls of attention layers. 23 is written as 18 and converted, for ONNX's own
+# RotaryEmbedding op.
+TF2ONNX_MAX_OPSET = 18
+SUPPORTED_OPSETS = (*range(13, TF2ONNX_MAX_OPSET + 1), onnx_passes.STANDARD_ROTARY_OPSET)
+ROTARY_FORMS = ("fused", "decomposed")
 # Rewrites of the converted graph, applied in order to every export before it is checked:
 # each takes the `onnx.ModelProto` and changes it in place (or returns a new one).
 GRAPH_PASSES: list[Callable] = []
 # What to do about a TensorFlow op tf2onnx leaves unconverted, by the layers that make it.
 _FIXES = {
-    "Erfc": "the exact 'gelu' makes it: use gelu(approximate=True) or 'silu'",
     "Expm1": "'celu' makes it: use 'elu', the same function for alpha 1",
 }
 
@@ -38,6 +41,7 @@ def save_onnx(
     path: str | os.PathLike,
     opset: int = DEFAULT_OPSET,
     *,
+    rotary: str = "fused",
     bfloat16: str = "float32",
     passes: Sequence[Callable] | None = None,
 ) -> Path:
@@ -59,7 +63,11 @@ def save_onnx(
     Args:
         model: a functional or `Sequential` Keras model.
         path: the `.onnx` file to write; its folder must exist.
-        opset: the ONNX opset, in `SUPPORTED_OPSETS` (13 to 18).
+        opset: the ONNX opset, in `SUPPORTED_OPSETS` (13 to 18, or 23: written as 18
+            and converted).
+        rotary: how RoPE is written: `"fused"` as onnxruntime's
+            `com.microsoft.RotaryEmbedding` (opset 23: ONNX's `RotaryEmbedding`), or
+            `"decomposed"`, standard ops only (a Split and a Concat per swap).
         bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
             (with a warning), `"error"` refuses.
         passes: graph rewrites applied to the converted graph before it is checked
@@ -72,10 +80,12 @@ def save_onnx(
         raise TypeError(f"opset must be an integer, got {opset!r}.")
     if opset not in SUPPORTED_OPSETS:
         raise ValueError(
-            f"ONNX opset {opset} is not supported: tf2onnx writes opsets "
-            f"{SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1}. Use opset="
-            f"{DEFAULT_OPSET} (the default) or another in that range."
+            f"ONNX opset {opset} is not supported: tf2onnx writes opsets 13 to 18, and 23 "
+            f"is converted from 18. Use opset={DEFAULT_OPSET} (the default), another of "
+            f"{SUPPORTED_OPSETS}."
         )
+    if rotary not in ROTARY_FORMS:
+        raise ValueError(f"Unknown rotary={rotary!r}; expected one of {ROTARY_FORMS}.")
     import onnx
 
     model, _ = exportable_model(model, bfloat16)
@@ -84,18 +94,24 @@ def save_onnx(
             errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .onnx file", str(path)
         )
     with whole_or_nothing(path, kind="file") as written:
-        onnx.save(onnx_model(model, opset, passes=passes), str(written))
+        onnx.save(onnx_model(model, opset, rotary=rotary, passes=passes), str(written))
     return Path(path)
 
 
 def onnx_model(
-    model: keras.Model, opset: int = DEFAULT_OPSET, *, passes: Sequence[Callable] | None = None
+    model: keras.Model,
+    opset: int = DEFAULT_OPSET,
+    *,
+    rotary: str | None = "fused",
+    passes: Sequence[Callable] | None = None,
 ):
     """The checked `onnx.ModelProto` of `model` (what `save_onnx` writes).
 
     Args:
         model: a functional or `Sequential` Keras model.
         opset: the ONNX opset, in `SUPPORTED_OPSETS`.
+        rotary: `"fused"` or `"decomposed"` (see `save_onnx`); None leaves the rotations as
+            tf2onnx converted them (and the opset at most 18).
         passes: functions `pass_(proto)` applied in order to tf2onnx's graph before any
             check, each changing the proto in place or returning a new one (default
             `GRAPH_PASSES`, the package's own rewrites). Whatever they make must still
@@ -119,7 +135,7 @@ def onnx_model(
                 _tf.tracing_for_a_converter(),
             ):
                 proto, _ = tf2onnx.convert.from_function(
-                    function, input_signature=specs, opset=opset
+                    function, input_signature=specs, opset=min(opset, TF2ONNX_MAX_OPSET)
                 )
             break
         except Exception as error:
@@ -128,6 +144,8 @@ def onnx_model(
                     f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
                 ) from error
 
+    # ONNX has no Erfc (the exact gelu): 1 - Erf.
+    onnx_passes.replace_erfc(proto)
     for rewrite in GRAPH_PASSES if passes is None else passes:
         proto = rewrite(proto) or proto
 
@@ -163,6 +181,8 @@ def onnx_model(
             )
         )
     dedupe_constants(proto)
+    if rotary is not None:
+        proto = onnx_passes.optimized(proto, rotary=rotary, opset=opset)
     _name_dynamic_axes(proto)
     onnx.checker.check_model(proto, full_check=True)
     return proto

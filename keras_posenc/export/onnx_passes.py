@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from keras_posenc.onnx_graph import (
+from keras_posenc.export.onnx_graph import (
     Emitter,
     default_opset,
     elem_type,
