@@ -6,7 +6,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import add_rounded_once, as_rows, slice_rows
+from keras_posenc import _tf
+from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
+from keras_posenc.frequencies import as_rows
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.sinusoidal import SinusoidalInitializer
 
@@ -18,7 +20,12 @@ class _VariableRows:
         self.table = table
 
     def slice(self, start, length, combine=as_rows):
-        return combine(slice_rows(tf.convert_to_tensor(self.table), start, length))
+        table = tf.convert_to_tensor(self.table)
+        if not isinstance(start, (int, np.integer)):
+            # Clamped into the table: converters drop the range assertion, and a Slice past
+            # the end would return other rows (or fewer); the caller poisons them instead.
+            start = tf.clip_by_value(start, 0, tf.maximum(table.shape[0] - length, 0))
+        return combine(_tf.slice_rows(table, start, length))
 
     def gather(self, positions):
         return (tf.gather(self.table, positions),)
@@ -71,21 +78,12 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.max_length = self._checked_max_length(max_length)
+        self.max_length = checked_positive_int(max_length, "max_length")
         self.embeddings_initializer = _initializer(embeddings_initializer)
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
         self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
+        checked_float_policy(self)
         self.supports_masking = True
-
-    @staticmethod
-    def _checked_max_length(max_length) -> int:
-        if (
-            isinstance(max_length, bool)
-            or not isinstance(max_length, (int, np.integer))
-            or max_length < 1
-        ):
-            raise ValueError(f"max_length must be a positive integer, got {max_length!r}.")
-        return int(max_length)
 
     def build(self, input_shape) -> None:
         if len(input_shape) != 3 or input_shape[-1] is None:
@@ -111,7 +109,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, positions=None, start_index=0):
-        return position_rows(
+        checked_call_input(self, inputs, 3, {-1: self.embeddings.shape[1]})
+        outputs = position_rows(
             _VariableRows(self.embeddings),
             static_dim(inputs, 1),
             positions,
@@ -119,8 +118,11 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             limit=self.max_length,
             limit_hint="build the layer with a larger max_length, or call "
             "resize(new_max_length) to interpolate the table.",
-            combine=lambda embedding: add_rounded_once(inputs, embedding),
+            combine=lambda embedding: _tf.add_rounded_once(inputs, embedding),
+            batch=static_dim(inputs, 0),
         )
+        outputs.set_shape(inputs.shape)  # as SinusoidalPositionalEncoding: static shapes stay
+        return outputs
 
     def resize(self, new_max_length: int) -> None:
         """Grows or shrinks the table to `new_max_length` rows by linear interpolation.
@@ -129,7 +131,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         `j·(max_length - 1)/(new_max_length - 1)` (first and last rows stay). Retrace any
         `tf.function` and recompile the model afterwards: they hold the old table.
         """
-        new_max_length = self._checked_max_length(new_max_length)
+        new_max_length = checked_positive_int(new_max_length, "new_max_length")
         if not self.built:
             self.max_length = new_max_length
             return
@@ -140,12 +142,9 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         weight = (where - below)[:, None]
         new = (1.0 - weight) * old[below] + weight * old[above]
 
-        self._untrack_variable(self.embeddings)
-        self._tracker.unlock()
-        try:
-            self.embeddings = self._add_table(new_max_length, old.shape[1], "zeros")
-        finally:
-            self._lock_state()
+        self.embeddings = _tf.replace_weight(
+            self, self.embeddings, lambda: self._add_table(new_max_length, old.shape[1], "zeros")
+        )
         self.embeddings.assign(new.astype(self.embeddings.dtype))
         self.max_length = new_max_length
 

@@ -4,8 +4,10 @@ Every layer takes the same `positions=None, start_index=0` pair and asks a table
 rows of those positions: `table.slice(start, length, combine)` for a run,
 `table.gather(positions)` otherwise, and `combine`s them with its input. Checks raise at
 once when the values are known (eagerly, or static at trace time) and become graph
-assertions otherwise. XLA compiles assertions away, so under `jit_compile=True` the rows
-of a call whose positions fail the checks become NaN instead of a plausible wrong answer.
+assertions otherwise. XLA compiles assertions away and converters (tf2onnx, the TFLite
+converter) drop them, so in every graph the rows of positions that fail the checks also
+become NaN: under `jit_compile=True`, in a SavedModel, ONNX or LiteRT file a bad position
+gives NaN, never a plausible wrong answer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Protocol
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import as_rows, in_xla_context
+from keras_posenc import _tf
+from keras_posenc._checks import after, check
+from keras_posenc.frequencies import as_rows
 
 
 class RowTable(Protocol):
@@ -30,49 +34,15 @@ def static_dim(x: tf.Tensor, axis: int):
     return int(size) if size is not None else tf.shape(x)[axis]
 
 
-def _check(predicate, values, message, error=ValueError) -> list:
-    """Raise `error(message(*values))` unless `predicate(*values)` holds for every element.
-
-    With every value known (Python numbers, eager or constant tensors) the check runs now
-    and `[]` is returned; otherwise the check is a graph assertion, returned in a list so
-    the caller can make the computation wait for it (a slice could otherwise fail first,
-    with a message about the slice instead of the input).
-    """
-    # tf.is_tensor is slow on Python numbers (a Protocol check): test for them first.
-    known = [v if isinstance(v, (int, np.integer)) else tf.get_static_value(v) for v in values]
-    if all(k is not None for k in known):
-        if not np.all(predicate(*known)):
-            raise error(message(*(np.asarray(k).tolist() for k in known)))
-        return []
-    values = [tf.convert_to_tensor(v) for v in values]
-    tensors = [tf.cast(v, tf.int64) for v in values]
-    # Shown as int32 where they are: an Assert whose data are all int32 or strings is one
-    # op; with int64 data it is wrapped in a conditional (several ops a call in a graph).
-    shown = [v if v.dtype == tf.int32 else t for v, t in zip(values, tensors, strict=True)]
-    return [
-        tf.debugging.Assert(
-            tf.reduce_all(predicate(*tensors)),
-            [message(*["(value below)"] * len(values)), *shown],
-        )
-    ]
-
-
-def _after(checks: list, tensor):
-    if not checks:
-        return tensor
-    with tf.control_dependencies(checks):
-        return tf.identity(tensor)
-
-
 def checked_start_index(start_index):
     """`start_index` as a Python int or a scalar int32 tensor, >= 0."""
     start = _start_index(start_index)
-    checks = _check(
+    checks = check(
         lambda s: s >= 0,
         [start],
         lambda s: f"start_index must be >= 0, got {s}. Positions count from 0.",
     )
-    return _after(checks, start)
+    return after(checks, start)
 
 
 def _start_index(start_index):
@@ -96,17 +66,16 @@ def _start_index(start_index):
     if value is not None:
         # Known now (eager, or a constant): as a Python int every later step stays static.
         return int(value)
-    if start_index.dtype.size > 4 or start_index.dtype.is_unsigned:
-        # Saturate rather than wrap: 2^32 + 5 must fail the range check, not become 5.
-        bounds = np.iinfo(np.int32)
-        start_index = tf.clip_by_value(
-            tf.cast(start_index, tf.int64), np.int64(bounds.min), np.int64(bounds.max)
-        )
-    return tf.cast(start_index, tf.int32)
+    # Saturated, not wrapped: 2^32 + 5 must fail the range check, not become 5.
+    return _tf.as_int32_positions(start_index)
 
 
-def checked_positions(positions, length) -> tf.Tensor:
-    """`positions` as an integer tensor of shape `(length,)` or `(batch, length)`, values >= 0."""
+def checked_positions(positions, length, batch=None) -> tf.Tensor:
+    """`positions` as an integer tensor of shape `(length,)` or `(batch, length)`, values >= 0.
+
+    `batch`, when given, is the input's batch size, which `(batch, length)` positions must
+    match (a batch of 2 positions for 1 input would otherwise broadcast the output to 2).
+    """
     positions = tf.convert_to_tensor(positions)
     if not positions.dtype.is_integer:
         raise TypeError(
@@ -118,7 +87,7 @@ def checked_positions(positions, length) -> tf.Tensor:
             "positions must have shape (sequence,) or (batch, sequence), "
             f"got shape {positions.shape}."
         )
-    checks = _check(
+    checks = check(
         lambda given, expected: given == expected,
         [static_dim(positions, -1), length],
         lambda given, expected: (
@@ -126,12 +95,21 @@ def checked_positions(positions, length) -> tf.Tensor:
             f"{expected}; give one position per step."
         ),
     )
-    checks += _check(
+    if positions.shape.rank == 2 and batch is not None:
+        checks += check(
+            lambda given, expected: given == expected,
+            [static_dim(positions, 0), batch],
+            lambda given, expected: (
+                f"positions have a batch of {given} but the input has {expected}; give "
+                "positions of shape (sequence,) for all rows or (batch, sequence) per row."
+            ),
+        )
+    checks += check(
         lambda smallest: smallest >= 0,
         [tf.reduce_min(positions)],
         lambda smallest: f"positions must be >= 0 (they count from 0); the smallest is {smallest}.",
     )
-    return _after(checks, positions)
+    return after(checks, positions)
 
 
 def positions_from_mask(mask: tf.Tensor, start_index=0) -> tf.Tensor:
@@ -147,17 +125,6 @@ def positions_from_mask(mask: tf.Tensor, start_index=0) -> tf.Tensor:
     return counted + checked_start_index(start_index)
 
 
-def _poisoned_under_xla(rows: tuple, valid) -> tuple:
-    """`rows`, or NaN in their place when `valid` is False and the graph is compiled by XLA.
-
-    XLA compiles assertions to nothing and clamps out-of-range gathers, so a bad position
-    would give a plausible wrong row; NaN makes the bad input impossible to miss.
-    """
-    if isinstance(valid, (bool, np.bool_)) or not in_xla_context():
-        return rows
-    return tuple(tf.where(valid, row, tf.constant(float("nan"), row.dtype)) for row in rows)
-
-
 def position_rows(
     table: RowTable,
     length,
@@ -168,6 +135,7 @@ def position_rows(
     limit_hint: str,
     mask=None,
     combine=as_rows,
+    batch=None,
 ):
     """`combine(*rows)` with the checked rows of `table` for a sequence of `length` steps.
 
@@ -182,6 +150,7 @@ def position_rows(
             not), positions come from it (`positions_from_mask`).
         combine: what the layer makes of the rows (`inputs + rows`, a rotation); it runs
             inside the table's runtime branches (see `PositionTable.slice`).
+        batch: the input's batch size, which `(batch, sequence)` positions must match.
     """
     if mask is not None and positions is None:
         positions, start_index = positions_from_mask(mask, start_index), 0
@@ -191,8 +160,8 @@ def position_rows(
                 "Pass either `positions` or `start_index`, not both: "
                 "start_index=s means positions=range(s, s + sequence_length)."
             )
-        positions = checked_positions(positions, length)
-        checks = _check(
+        positions = checked_positions(positions, length, batch)
+        checks = check(
             lambda largest: largest < limit,
             [tf.reduce_max(positions)],
             lambda largest: (
@@ -200,38 +169,54 @@ def position_rows(
                 f"{limit}; {limit_hint}"
             ),
         )
-        valid = (tf.reduce_min(positions) >= 0) & (tf.reduce_max(positions) < limit)
-        rows = table.gather(_after(checks, tf.cast(positions, tf.int32)))
-        return combine(*_poisoned_under_xla(rows, valid))
+        positions = _tf.as_int32_positions(positions)
+        if tf.get_static_value(positions) is not None:
+            valid = True  # the checks above ran now
+        else:
+            # One bad position poisons the whole call: no part of it is to be trusted.
+            valid = (tf.reduce_min(positions) >= 0) & (tf.reduce_max(positions) < limit)
+            # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
+            positions = tf.clip_by_value(positions, 0, limit - 1)
+        rows = table.gather(after(checks, positions))
+        return combine(*_tf.nan_unless(rows, valid))
     # One assertion for both ends of the run: in a graph each assertion is a conditional.
     start = _start_index(start_index)
+    if isinstance(start, int) and not 0 <= start < limit and not isinstance(length, int):
+        # Out of range whatever the length: say so at trace time too (an int past int32
+        # would not even become a graph value).
+        raise ValueError(_run_message(start, None, limit, limit_hint))
     if not isinstance(start, int) and isinstance(length, (int, np.integer)) and length > limit:
         # Too long from any start: say so now, at trace time (XLA drops assertions).
         raise ValueError(
             f"the sequence has {length} steps but positions must stay within {limit}; {limit_hint}"
         )
-
-    def run_message(first, steps):
-        if isinstance(first, int) and first < 0:
-            return f"start_index must be >= 0, got {first}. Positions count from 0."
-        if isinstance(first, int) and isinstance(steps, int):
-            return (
-                f"the positions run to {first + steps} (start_index + sequence length) but "
-                f"must stay within {limit}; {limit_hint}"
-            )
-        return (
-            f"start_index must be >= 0 and the positions must stay within {limit} "
-            f"({limit_hint}); start_index and the sequence length follow."
-        )
-
     # `start <= limit - length`, not `start + length <= limit`: the sum of two int32
     # tensors wraps around near 2^31 and would pass.
-    checks = _check(
-        lambda first, steps: (first >= 0) & (first <= limit - steps), [start, length], run_message
+    checks = check(
+        lambda first, steps: (first >= 0) & (first <= limit - steps),
+        [start, length],
+        lambda first, steps: _run_message(first, steps, limit, limit_hint),
     )
-    valid = (start >= 0) & (start <= limit - length)
+    known = isinstance(start, int) and isinstance(length, (int, np.integer))
+    valid = True if known else (start >= 0) & (start <= limit - length)
     return table.slice(
-        _after(checks, start),
+        after(checks, start),
         length,
-        lambda *rows: combine(*_poisoned_under_xla(rows, valid)),
+        lambda *rows: combine(*_tf.nan_unless(rows, valid)),
+    )
+
+
+def _run_message(first, steps, limit: int, limit_hint: str) -> str:
+    if isinstance(first, int) and first < 0:
+        return f"start_index must be >= 0, got {first}. Positions count from 0."
+    if isinstance(first, int) and isinstance(steps, int):
+        return (
+            f"the positions run to {first + steps} (start_index + sequence length) but "
+            f"must stay within {limit}; {limit_hint}"
+        )
+    if isinstance(first, int):
+        return f"start_index is {first} but positions must stay below {limit}; {limit_hint}"
+    return (
+        f"start_index must be >= 0 and the positions must stay within {limit} "
+        f"({limit_hint}); start_index and the sequence length follow."
     )

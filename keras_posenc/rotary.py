@@ -16,18 +16,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.frequencies import (
-    MAX_POSITIONS,
-    FrequencyTable,
-    PositionTable,
-    accumulation_dtype,
+from keras_posenc import _tf
+from keras_posenc._checks import (
+    checked_axis,
+    checked_bool,
+    checked_call_input,
     checked_choice,
     checked_even_width,
+    checked_float_policy,
     checked_max_wavelength,
-    in_xla_context,
-    int_array,
-    position_table,
 )
+from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
     ROPE_TYPES,
@@ -59,53 +58,14 @@ def _rotation_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Te
     return cos_table, sin_table
 
 
-# Under XLA:CPU a stack of the two channel halves (fused into the rotation) runs at
-# 0.7-0.9x a gather by permutation while input and output stay in cache (8 MiB of input on
-# a 32 MiB L3), and at 1.4-1.8x beyond (16-64 MiB): the gather holds its speed out of cache.
-XLA_STACK_SWAP_BYTES = 8 * 2**20
-
-
-def swap_form(x: tf.Tensor) -> str:
-    """How `swap_pairs` exchanges `x`'s pairs here: the fastest form measured for the case.
-
-    `"reverse"` (a reshape and a reverse) outside XLA, where a gather is 3.5x. Under XLA
-    `"stack"` (of the pairs' halves) up to `XLA_STACK_SWAP_BYTES` of float32 or wider
-    values, `"gather"` (by a constant permutation) above that or when the size is unknown.
-    """
-    if not in_xla_context():
-        return "reverse"
-    size = x.shape.num_elements()
-    if size is None or size * accumulation_dtype(x.dtype).size > XLA_STACK_SWAP_BYTES:
-        return "gather"
-    return "stack"
-
-
 def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1, form: str | None = None) -> tf.Tensor:
-    """Exchange the two channels of every rotation pair along `axis`, by `swap_form(x)`.
+    """Exchange the two channels of every rotation pair along `axis` of `x`.
 
-    `form` overrides the choice (a caller that chose it for a larger tensor, say).
+    `form` is how (see `keras_posenc._tf.swap_form`, the one place it is chosen); by
+    default the form chosen for `x` in the graph being traced.
     """
-    form = form or swap_form(x)
-    axis = axis % x.shape.rank
-    width = x.shape[axis]
-    pair_shape, pair_axis = _pair_axes(layout, width)
-    if form == "gather":
-        permutation = np.flip(np.arange(width).reshape(pair_shape), pair_axis).reshape(-1)
-        return tf.gather(x, permutation.astype(np.int32), axis=axis)
-    if x.shape.is_fully_defined():
-        shape = x.shape.as_list()
-        paired_shape = int_array(shape[:axis] + pair_shape + shape[axis + 1 :])
-        shape = int_array(shape)
-    else:
-        shape = tf.shape(x)
-        paired_shape = tf.concat([shape[:axis], pair_shape, shape[axis + 1 :]], 0)
-    paired = tf.reshape(x, paired_shape)
-    if form == "stack":
-        first, second = tf.split(paired, 2, axis=axis + pair_axis)
-        swapped = tf.concat([second, first], axis + pair_axis)
-    else:
-        swapped = tf.reverse(paired, int_array([axis + pair_axis]))
-    return tf.reshape(swapped, shape)
+    pair_shape, pair_axis = _pair_axes(layout, x.shape[axis])
+    return _tf.swap_pairs(x, pair_shape, pair_axis, axis, form or _tf.swap_form(x))
 
 
 def rotation_table(
@@ -204,10 +164,11 @@ class RotaryEmbedding(keras.layers.Layer):
         self.rotary_dim = (
             None if rotary_dim is None else checked_even_width(rotary_dim, "rotary_dim")
         )
-        self.sequence_axis = int(sequence_axis)
-        self.feature_axis = int(feature_axis)
+        self.sequence_axis = checked_axis(sequence_axis, "sequence_axis")
+        self.feature_axis = checked_axis(feature_axis, "feature_axis")
         self.scaling = checked_scaling(scaling)
-        self.positions_from_mask = bool(positions_from_mask)
+        self.positions_from_mask = checked_bool(positions_from_mask, "positions_from_mask")
+        checked_float_policy(self)
         if self.rotary_dim is not None:
             # Bad scaling values fail here, not at the first call.
             rope_parameters(self.rotary_dim, self.max_wavelength, self.scaling)
@@ -245,11 +206,14 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"use rotary_dim <= {head_dim}."
             )
         self._rotary_dim = rotary_dim
+        self._built_rank = rank
+        self._head_dim = head_dim
         self._table = rotation_rows(rotary_dim, self.max_wavelength, self.layout, self.scaling)
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
-        form = swap_form(inputs)
+        checked_call_input(self, inputs, self._built_rank, {self._feature_axis: self._head_dim})
+        form = _tf.swap_form(inputs)
 
         def rotate(cos_table, sin_table):
             return self._rotate(inputs, cos_table, sin_table, form)
@@ -263,15 +227,11 @@ class RotaryEmbedding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the rotation is exact only below that.",
             mask=mask if self.positions_from_mask else None,
+            batch=static_dim(inputs, 0),
         )
-        if form == "stack":
-            # Under XLA with a runtime start the rows come from a conditional, whose
-            # branches would each fuse the row lookup into the rotation: right for the
-            # gather (1.02x the floor at 64 MiB, against 1.09x with the rows written out),
-            # but the stack fused there runs at 2x. The rows are (batch x heads) times
-            # smaller than the input: they come out whole and the rotation follows.
-            return rotate(*rows())
-        return rows(combine=rotate)
+        outputs = rows(combine=rotate) if _tf.rows_fuse_into_rotation(form) else rotate(*rows())
+        outputs.set_shape(inputs.shape)
+        return outputs
 
     def _rotate(self, inputs, cos_table, sin_table, form: str):
         rank = inputs.shape.rank
@@ -283,11 +243,11 @@ class RotaryEmbedding(keras.layers.Layer):
             broadcast_shape = [1] * rank
             for table_axis, input_axis in enumerate(table_axes):
                 broadcast_shape[input_axis] = static_dim(cos_table, table_axis)
-            broadcast_shape = int_array(broadcast_shape)
+            broadcast_shape = _tf.int_array(broadcast_shape)
             cos_table = tf.reshape(cos_table, broadcast_shape)
             sin_table = tf.reshape(sin_table, broadcast_shape)
         # float16 / bfloat16 inputs rotate in float32: the result is rounded once.
-        wide = accumulation_dtype(inputs.dtype)
+        wide = _tf.accumulation_dtype(inputs.dtype)
         cos_table = tf.cast(cos_table, wide)
         sin_table = tf.cast(sin_table, wide)
 

@@ -6,14 +6,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc._checks import (
+    checked_call_input,
+    checked_choice,
+    checked_even_width,
+    checked_float_policy,
+    checked_int,
+    checked_max_wavelength,
+)
+from keras_posenc._tf import add_rounded_once
 from keras_posenc.frequencies import (
+    FREQUENCY_SPACINGS,
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
-    add_rounded_once,
-    checked_choice,
-    checked_even_width,
-    checked_max_wavelength,
     inverse_frequencies,
     position_table,
 )
@@ -29,33 +35,44 @@ def _interleave(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
 
 
 def _concat(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
-    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...], as in tensor2tensor.
+    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...]: the layout of tensor2tensor, fairseq and
+    # Whisper (which also space the frequencies their own way: frequency_spacing).
     return tf.concat([sin, cos], axis=-1)
 
 
 _LAYOUT_FUNCTIONS = {"interleaved": _interleave, "concat": _concat}
 
 
-def encoding_table(width: int, max_wavelength: float, layout: str) -> PositionTable:
+def encoding_table(
+    width: int, max_wavelength: float, layout: str, frequency_spacing: str = "vaswani"
+) -> PositionTable:
     """The shared `PositionTable` whose rows are the encoding `p_i`."""
     return position_table(
-        ("sinusoidal", width, max_wavelength, layout),
+        ("sinusoidal", width, max_wavelength, layout, frequency_spacing),
         lambda: PositionTable(
-            FrequencyTable(inverse_frequencies(width, max_wavelength)),
+            FrequencyTable(inverse_frequencies(width, max_wavelength, frequency_spacing)),
             lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
         ),
     )
 
 
 def sinusoidal_table(
-    length: int, width: int, max_wavelength: float = 10000.0, layout: str = "interleaved"
+    length: int,
+    width: int,
+    max_wavelength: float = 10000.0,
+    layout: str = "interleaved",
+    frequency_spacing: str = "vaswani",
 ) -> np.ndarray:
     """The encoding `P` for positions `0 .. length - 1` as a float32 numpy array `(length, width)`.
 
-    Each value is the float64 formula rounded once to float32.
+    Each value is the float64 formula rounded once to float32. `layout` and
+    `frequency_spacing` are those of `SinusoidalPositionalEncoding`.
     """
+    length = checked_int(length, "length", minimum=0)
     checked_choice("layout", layout, LAYOUTS)
-    frequencies = FrequencyTable(inverse_frequencies(checked_even_width(width), max_wavelength))
+    frequencies = FrequencyTable(
+        inverse_frequencies(checked_even_width(width), max_wavelength, frequency_spacing)
+    )
     with tf.init_scope():
         sin, cos = (tf.constant(t) for t in frequencies.host_sin_cos(np.arange(length)))
         return _LAYOUT_FUNCTIONS[layout](sin, cos).numpy().astype(np.float32)
@@ -71,20 +88,35 @@ class SinusoidalInitializer(keras.initializers.Initializer):
     Args:
         max_wavelength: the base of the frequencies.
         layout: `"interleaved"` or `"concat"`.
+        frequency_spacing: `"vaswani"` or `"tensor2tensor"` (see `SinusoidalPositionalEncoding`).
     """
 
-    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved"):
+    def __init__(
+        self,
+        max_wavelength: float = 10000.0,
+        layout: str = "interleaved",
+        frequency_spacing: str = "vaswani",
+    ):
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
+        self.frequency_spacing = checked_choice(
+            "frequency_spacing", frequency_spacing, FREQUENCY_SPACINGS
+        )
 
     def __call__(self, shape, dtype=None):
         if len(shape) != 2:
             raise ValueError(f"SinusoidalInitializer makes (length, width) tables, got {shape}.")
-        table = sinusoidal_table(shape[0], shape[1], self.max_wavelength, self.layout)
+        table = sinusoidal_table(
+            shape[0], shape[1], self.max_wavelength, self.layout, self.frequency_spacing
+        )
         return tf.cast(table, dtype or "float32")
 
     def get_config(self) -> dict:
-        return {"max_wavelength": self.max_wavelength, "layout": self.layout}
+        return {
+            "max_wavelength": self.max_wavelength,
+            "layout": self.layout,
+            "frequency_spacing": self.frequency_spacing,
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -96,6 +128,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     `[sin(i·ω_0), ..., cos(i·ω_0), ...]` (`layout="concat"`), and the layer returns
     `inputs + P`. The table is computed in float64 on the host and rounded once to float32
     (exact at every position below 2^24), whatever the dtype policy; only the result is cast.
+    Checkpoints trained with tensor2tensor, fairseq or Whisper use `layout="concat"` with
+    `frequency_spacing="tensor2tensor"` (`ω_k = max_wavelength^(-k/(width/2 - 1))`).
 
     Example:
 
@@ -107,6 +141,9 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Args:
         max_wavelength: the base of the frequencies (10000 in the paper).
         layout: `"interleaved"` (sin/cos alternate) or `"concat"` (all sin, then all cos).
+        frequency_spacing: `"vaswani"` (`ω_k = max_wavelength^(-2k/width)`, the paper) or
+            `"tensor2tensor"` (`max_wavelength^(-k/(width/2 - 1))`: the last pair reaches
+            exactly `1/max_wavelength`; tensor2tensor, fairseq, Whisper).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -119,10 +156,20 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Input shape: `(batch, sequence, width)`. Output shape: the same. A Keras mask passes through.
     """
 
-    def __init__(self, max_wavelength: float = 10000.0, layout: str = "interleaved", **kwargs):
+    def __init__(
+        self,
+        max_wavelength: float = 10000.0,
+        layout: str = "interleaved",
+        frequency_spacing: str = "vaswani",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
+        self.frequency_spacing = checked_choice(
+            "frequency_spacing", frequency_spacing, FREQUENCY_SPACINGS
+        )
+        checked_float_policy(self)
         self.supports_masking = True
 
     def build(self, input_shape) -> None:
@@ -132,11 +179,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 f"got shape {tuple(input_shape)}."
             )
         width = checked_even_width(input_shape[-1], "the input width (last axis)")
-        self._table = encoding_table(width, self.max_wavelength, self.layout)
+        self._table_width = width
+        self._table = encoding_table(
+            width, self.max_wavelength, self.layout, self.frequency_spacing
+        )
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
-        return position_rows(
+        checked_call_input(self, inputs, 3, {-1: self._table_width})
+        outputs = position_rows(
             self._table,
             static_dim(inputs, 1),
             positions,
@@ -144,12 +195,23 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
             combine=lambda encoding: add_rounded_once(inputs, encoding),
+            batch=static_dim(inputs, 0),
         )
+        # The rows' own shapes are not always static (rows chosen at run time): keep the
+        # input's, so that a layer after this one (an Einsum) converts without Flex ops.
+        outputs.set_shape(inputs.shape)
+        return outputs
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update({"max_wavelength": self.max_wavelength, "layout": self.layout})
+        config.update(
+            {
+                "max_wavelength": self.max_wavelength,
+                "layout": self.layout,
+                "frequency_spacing": self.frequency_spacing,
+            }
+        )
         return config

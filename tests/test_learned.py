@@ -170,50 +170,6 @@ def test_mixed_precision_keeps_a_float32_table_and_rounds_the_result_once(
     reference.assert_rounded_once(outputs.numpy(), exact, mantissa_bits)
 
 
-# --- Keras conventions -------------------------------------------------------------------
-
-
-def test_mask_passes_through():
-    ids = np.array([[3, 1, 4, 0], [2, 0, 0, 0]])
-    embedded = keras.layers.Embedding(10, WIDTH, mask_zero=True)(ids)
-    outputs = LearnedPositionalEmbedding(8)(embedded)
-    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
-
-
-def test_compute_output_shape():
-    layer = LearnedPositionalEmbedding(8)
-    assert tuple(layer.compute_output_shape((2, None, 4))) == (2, None, 4)
-    assert tuple(layer(keras.Input((None, 4))).shape) == (None, None, 4)
-
-
-def test_config_round_trip():
-    layer = LearnedPositionalEmbedding(
-        12,
-        embeddings_initializer="sinusoidal",
-        embeddings_regularizer="l2",
-        embeddings_constraint="non_neg",
-        name="positions",
-    )
-    config = layer.get_config()
-    clone = LearnedPositionalEmbedding.from_config(config)
-    assert clone.get_config() == config
-    assert config["max_length"] == 12
-    assert isinstance(clone.embeddings_initializer, SinusoidalInitializer)
-    assert isinstance(clone.embeddings_regularizer, keras.regularizers.L2)
-    assert isinstance(clone.embeddings_constraint, keras.constraints.NonNeg)
-
-
-def test_keras_file_round_trip(tmp_path):
-    inputs = keras.Input((None, WIDTH))
-    model = keras.Model(inputs, LearnedPositionalEmbedding(MAX_LENGTH)(inputs))
-    path = tmp_path / "learned.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    assert isinstance(loaded.layers[1], LearnedPositionalEmbedding)
-    x = np.random.default_rng(4).normal(size=(2, 30, WIDTH)).astype(np.float32)
-    np.testing.assert_array_equal(loaded(x), model(x))
-
-
 # --- Errors ------------------------------------------------------------------------------
 
 

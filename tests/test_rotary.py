@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import keras
 import ml_dtypes
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from conftest import POSITION_KINDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keras_posenc import RotaryEmbedding, rotary
+from keras_posenc import RotaryEmbedding, _tf
 
 ROTARY_TOLERANCE = 5e-7
 LAYOUTS = ["half", "interleaved"]
@@ -77,18 +76,18 @@ def test_rotation_matches_the_formula(in_mode, positions_case, position_kind, la
 
 @pytest.mark.parametrize("form", ["heads", "features-before-heads", "partial"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("swap", ["gather", "stack"])
+@pytest.mark.parametrize("swap", ["gather", "concat"])
 def test_both_xla_swaps_match_the_formula(monkeypatch, traced_graph, swap, layout, form):
-    # Under XLA the swap is a stack below a size and a gather above it (the two also take
-    # the rows of a runtime start differently); the inputs here are small, so the
+    # Under XLA:CPU the swap is a concat below a size and a gather above it (the two also
+    # take the rows of a runtime start differently); the inputs here are small, so the
     # threshold moves to put each form to the test.
-    monkeypatch.setattr(rotary, "XLA_STACK_SWAP_BYTES", 0 if swap == "gather" else 2**40)
+    monkeypatch.setattr(_tf, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40)
     shape, layer_arguments, reference_arguments = INPUT_FORMS[form]
     layer = RotaryEmbedding(layout=layout, **layer_arguments)
     x = _uniform(shape)
     rotate = tf.function(lambda x: layer(x, start_index=3), jit_compile=True)
     op_types, _ = traced_graph(rotate.get_concrete_function(tf.constant(x)))
-    # With a static start the rows are a slice of the cache: the only gather is the swap.
+    # With a static start the rows are constants of the trace: the only gather is the swap.
     assert ("GatherV2" in op_types) == (swap == "gather")
     expected = reference.rotary(x, np.arange(3, 3 + shape[1]), layout=layout, **reference_arguments)
     np.testing.assert_allclose(rotate(tf.constant(x)), expected, rtol=0, atol=ROTARY_TOLERANCE)
@@ -225,56 +224,6 @@ def test_float64_policy():
     assert outputs.dtype == tf.float64
     expected = reference.rotary(x, np.arange(123456, 123462))
     np.testing.assert_allclose(outputs, expected, rtol=0, atol=ROTARY_TOLERANCE)
-
-
-# --- Keras conventions -------------------------------------------------------------------
-
-
-def test_mask_passes_through():
-    ids = np.array([[3, 1, 4, 0], [2, 0, 0, 0]])
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
-    outputs = RotaryEmbedding()(embedded)
-    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
-
-
-def test_compute_output_shape():
-    layer = RotaryEmbedding()
-    assert tuple(layer.compute_output_shape((2, None, 4, 8))) == (2, None, 4, 8)
-    assert tuple(layer(keras.Input((None, 4, 8))).shape) == (None, None, 4, 8)
-    assert tuple(RotaryEmbedding()(keras.Input((None, 6))).shape) == (None, None, 6)
-
-
-def test_config_round_trip():
-    layer = RotaryEmbedding(
-        max_wavelength=500000.0,
-        layout="interleaved",
-        rotary_dim=4,
-        sequence_axis=2,
-        feature_axis=3,
-        name="rope",
-    )
-    config = layer.get_config()
-    clone = RotaryEmbedding.from_config(config)
-    assert clone.get_config() == config
-    x = _uniform((1, 2, 5, 6))
-    expected = reference.rotary(
-        x, np.arange(5), 500000.0, "interleaved", rotary_dim=4, sequence_axis=2, feature_axis=3
-    )
-    np.testing.assert_allclose(clone(x), expected, rtol=0, atol=ROTARY_TOLERANCE)
-
-
-def test_keras_file_round_trip(tmp_path):
-    inputs = keras.Input((None, 12))
-    heads = keras.layers.Reshape((-1, 2, 6))(inputs)
-    rotated = RotaryEmbedding(layout="interleaved", rotary_dim=4, max_wavelength=77.0)(heads)
-    model = keras.Model(inputs, keras.layers.Dense(3)(rotated))
-    path = tmp_path / "rotary.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    layer = next(la for la in loaded.layers if isinstance(la, RotaryEmbedding))
-    assert (layer.layout, layer.rotary_dim, layer.max_wavelength) == ("interleaved", 4, 77.0)
-    x = _uniform((2, 11, 12))
-    np.testing.assert_array_equal(loaded(x), model(x))
 
 
 # --- Errors ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
+import keras_posenc
 from keras_posenc import (
     SinusoidalInitializer,
     SinusoidalPositionalEncoding,
@@ -211,58 +212,6 @@ def test_float64_policy_keeps_float64_inputs():
     np.testing.assert_allclose(outputs, expected, rtol=0, atol=TABLE_TOLERANCE)
 
 
-# --- Keras conventions -------------------------------------------------------------------
-
-
-def test_mask_passes_through():
-    ids = np.array([[3, 1, 4, 0, 0], [2, 0, 0, 0, 0]])
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
-    outputs = SinusoidalPositionalEncoding()(embedded)
-    np.testing.assert_array_equal(outputs._keras_mask, ids != 0)
-
-
-def test_mask_reaches_the_next_layer_of_a_functional_model():
-    ids = keras.Input((None,), dtype="int32")
-    embedded = keras.layers.Embedding(10, 8, mask_zero=True, embeddings_initializer="zeros")(ids)
-    pooled = keras.layers.GlobalAveragePooling1D()(SinusoidalPositionalEncoding()(embedded))
-    model = keras.Model(ids, pooled)
-    tokens = np.array([[3, 1, 4, 0, 0], [2, 0, 0, 0, 0]])
-    table = reference.sinusoidal(np.arange(5), 8)
-    expected = [table[:3].mean(0), table[:1].mean(0)]
-    np.testing.assert_allclose(model(tokens), expected, rtol=0, atol=1e-6)
-
-
-def test_compute_output_shape():
-    layer = SinusoidalPositionalEncoding()
-    assert tuple(layer.compute_output_shape((2, None, 8))) == (2, None, 8)
-    symbolic = layer(keras.Input((None, 8)))
-    assert tuple(symbolic.shape) == (None, None, 8)
-
-
-def test_config_round_trip():
-    layer = SinusoidalPositionalEncoding(max_wavelength=500.0, layout="concat", name="pe")
-    config = layer.get_config()
-    assert config["max_wavelength"] == 500.0 and config["layout"] == "concat"
-    clone = SinusoidalPositionalEncoding.from_config(config)
-    assert clone.get_config() == config
-    expected = reference.sinusoidal(np.arange(7), 10, 500.0, "concat")
-    np.testing.assert_allclose(clone(tf.zeros((1, 7, 10)))[0], expected, rtol=0, atol=1e-7)
-
-
-def test_keras_file_round_trip(tmp_path):
-    inputs = keras.Input((None, 8))
-    encoded = SinusoidalPositionalEncoding(max_wavelength=900.0, layout="concat")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(3)(encoded))
-    path = tmp_path / "sinusoidal.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    layer = loaded.layers[1]
-    assert isinstance(layer, SinusoidalPositionalEncoding)
-    assert (layer.max_wavelength, layer.layout) == (900.0, "concat")
-    x = np.random.default_rng(4).normal(size=(2, 13, 8)).astype(np.float32)
-    np.testing.assert_array_equal(loaded(x), model(x))
-
-
 # --- Errors ------------------------------------------------------------------------------
 
 
@@ -367,7 +316,11 @@ def test_sinusoidal_initializer(layout):
     )
     clone = keras.initializers.deserialize(keras.initializers.serialize(initializer))
     assert isinstance(clone, SinusoidalInitializer)
-    assert clone.get_config() == {"max_wavelength": 300.0, "layout": layout}
+    assert clone.get_config() == {
+        "max_wavelength": 300.0,
+        "layout": layout,
+        "frequency_spacing": "vaswani",
+    }
 
 
 def test_sinusoidal_initializer_errors():
@@ -386,3 +339,59 @@ def test_under_xla_bad_positions_give_nan_not_a_plausible_encoding():
     assert np.isfinite(encode(x, tf.constant([0, 5, 9])).numpy()).all()
     assert np.isnan(encode(x, tf.constant([0, -1, 9])).numpy()).all()
     assert np.isnan(encode(x, tf.constant([0, 1, 2**24 + 5])).numpy()).all()
+
+
+# --------------------------------------------------------------------------------------
+# The tensor2tensor spacing of real checkpoints (tensor2tensor, fairseq, Whisper)
+
+
+def _whisper_sinusoids(length: int, channels: int, max_timescale: float = 10000.0):
+    # transformers' models/whisper `sinusoids`, restated in float64 numpy.
+    increment = np.log(max_timescale) / (channels // 2 - 1)
+    inverse_timescales = np.exp(-increment * np.arange(channels // 2))
+    scaled_time = np.arange(length)[:, None] * inverse_timescales[None, :]
+    return np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=1)
+
+
+def _fairseq_embedding(num_embeddings: int, embedding_dim: int):
+    # fairseq's SinusoidalPositionalEmbedding.get_embedding (even width), in float64.
+    half_dim = embedding_dim // 2
+    step = np.log(10000) / (half_dim - 1)
+    frequencies = np.exp(np.arange(half_dim, dtype=np.float64) * -step)
+    angles = np.arange(num_embeddings, dtype=np.float64)[:, None] * frequencies[None, :]
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+
+@pytest.mark.parametrize("width", [4, 16, 384])
+def test_tensor2tensor_spacing_is_whispers_table(width):
+    expected = _whisper_sinusoids(1500, width)
+    table = sinusoidal_table(1500, width, layout="concat", frequency_spacing="tensor2tensor")
+    np.testing.assert_allclose(table, expected, rtol=0, atol=1e-7)
+    # The last pair's frequency is exactly 1/max_wavelength (Vaswani's stops short of it).
+    last = keras_posenc.inverse_frequencies(width, 10000.0, "tensor2tensor")[-1]
+    assert last == pytest.approx(1e-4, rel=1e-12)
+
+
+def test_tensor2tensor_spacing_is_fairseqs_table_in_the_layer():
+    width, length = 32, 600
+    layer = SinusoidalPositionalEncoding(layout="concat", frequency_spacing="tensor2tensor")
+    x = np.zeros((1, length, width), np.float32)
+    np.testing.assert_allclose(layer(x)[0], _fairseq_embedding(length, width), rtol=0, atol=1e-6)
+    # Past the cached rows too (the split tables carry the spacing).
+    np.testing.assert_allclose(
+        layer(x, start_index=9000)[0],
+        _fairseq_embedding(9000 + length, width)[9000:],
+        rtol=0,
+        atol=2e-6,
+    )
+
+
+def test_the_two_spacings_differ_and_are_kept_in_the_config():
+    vaswani = sinusoidal_table(64, 16, layout="concat")
+    t2t = sinusoidal_table(64, 16, layout="concat", frequency_spacing="tensor2tensor")
+    assert np.abs(vaswani - t2t).max() > 0.5  # the silent error of mixing them up
+    layer = SinusoidalPositionalEncoding(frequency_spacing="tensor2tensor")
+    clone = SinusoidalPositionalEncoding.from_config(layer.get_config())
+    assert clone.frequency_spacing == "tensor2tensor"
+    with pytest.raises(ValueError, match="frequency_spacing"):
+        SinusoidalPositionalEncoding(frequency_spacing="fairseq")

@@ -1,0 +1,295 @@
+"""Every TensorFlow / XLA / Keras specific the package relies on, each with why and when it can go.
+
+The layers' math is plain (`inputs + rows`, `x·C + swap(x)·S`); what is here is how to make
+TensorFlow run it at the memory floor in every mode, and how to reach the few private APIs
+the package touches. The benchmark cases that justify each trick are named
+(`python -m benchmarks`, see docs/benchmarks.md); if a TensorFlow release makes a case
+fast without the trick, the trick can go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+# Private TensorFlow APIs: XLA's dynamic slice (no public op takes a run-time start under
+# XLA without making it a compile-time constant) and the XLA-context test (no public API
+# says whether the graph being traced will be compiled).
+from tensorflow.compiler.tf2xla.python import xla
+from tensorflow.python.ops import control_flow_util
+
+# --------------------------------------------------------------------------------------
+# Where the graph runs
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being traced will be compiled by XLA (`jit_compile=True`)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def xla_on_cpu() -> bool:
+    """Whether this process compiles XLA for the CPU (no GPU or TPU is visible).
+
+    The swap forms below were measured on XLA:CPU only; other devices take the default.
+    """
+    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+# --------------------------------------------------------------------------------------
+# Constants
+
+
+def int_array(values) -> np.ndarray | list:
+    """`values` as an int32 numpy array when they are all Python ints, else unchanged.
+
+    Given a Python list an eager op leaves TensorFlow's fast path for a slow conversion
+    (benchmark case: eager tiny call); given a numpy array it stays on it.
+    """
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        return np.asarray(values, dtype=np.int32)
+    return values
+
+
+class HostConstant:
+    """A host array that becomes a graph constant when traced and a cached tensor eagerly.
+
+    A `tf.constant` made eagerly and captured by a traced function turns into an extra,
+    unfeedable input of an exported ONNX graph; one made while tracing is a plain
+    constant node. Eager calls reuse one tensor instead of copying the array every call.
+    """
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self._eager_tensor = None
+
+    def tensor(self) -> tf.Tensor:
+        if tf.executing_eagerly():
+            if self._eager_tensor is None:
+                self._eager_tensor = tf.constant(self.array)
+            return self._eager_tensor
+        return tf.constant(self.array)
+
+    def rows(self, start, length) -> tf.Tensor:
+        """Rows `start .. start + length - 1`: when both are ints and a graph is traced,
+        a constant of just those rows, so a trace embeds no more of the table than it uses
+        (a retrace per Python-int start would otherwise copy the whole table each time)."""
+        if (
+            isinstance(start, (int, np.integer))
+            and isinstance(length, (int, np.integer))
+            and not tf.executing_eagerly()
+        ):
+            return tf.constant(self.array[start : start + length])
+        return slice_rows(self.tensor(), start, length)
+
+
+# --------------------------------------------------------------------------------------
+# Rows of a table from a run-time start
+
+
+def _xla_dynamic_rows(table: tf.Tensor, start: tf.Tensor, length: int) -> tf.Tensor:
+    """Rows `start .. start + length - 1` by XLA's DynamicSlice, with its gradient.
+
+    TensorFlow registers no gradient for XlaDynamicSlice; a learned table trained under
+    XLA with a run-time start needs one: the upstream rows, put back where they came from.
+    """
+    begin = tf.stack([start, 0])
+
+    @tf.custom_gradient
+    def rows(table):
+        def gradient(upstream):
+            return xla.dynamic_update_slice(tf.zeros_like(table), upstream, begin)
+
+        return xla.dynamic_slice(table, begin, [length, table.shape[1]]), gradient
+
+    return rows(table)
+
+
+def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
+    """Rows `start .. start + length - 1` of `table`; `start` an int or a scalar int32 tensor."""
+    if not isinstance(start, (int, np.integer)) and in_xla_context():
+        # tf.slice makes its start a compile-time constant under XLA: one compilation per
+        # decoding step. XLA's own dynamic slice takes it at run time and fuses with its
+        # consumer (a gather does too, but costs more from a large table: benchmark case
+        # "XLA tensor start"). It needs a length known when tracing (XLA checks it against
+        # the table even in an untaken branch); a length known only when compiling takes
+        # the gather. Can go when tf.slice lowers to a dynamic slice under XLA.
+        if isinstance(length, (int, np.integer)):
+            return _xla_dynamic_rows(table, start, length)
+        return tf.gather(table, tf.range(length) + start)
+    # Outside XLA a slice of leading rows shares the table's memory: no copy.
+    return tf.slice(table, int_array([start, 0]), int_array([length, -1]))
+
+
+def choose_at_run_time(
+    predicate: tf.Tensor,
+    if_true: Callable[[], Sequence[tf.Tensor]],
+    if_false: Callable[[], Sequence[tf.Tensor]],
+    combine: Callable,
+    unknown: tf.Tensor,
+):
+    """`combine(*if_true())` where `predicate` holds at run time, else `combine(*if_false())`.
+
+    `unknown` is any bool that XLA cannot fold to a constant (its value is not used).
+
+    Under XLA `combine` runs inside each branch, so that XLA fuses the row lookup into
+    it: rows returned by a conditional are written out whole and read back (benchmark
+    case: sinusoidal 4096 x 1024, XLA, tensor start). The rows of `if_false` are computed
+    from split tables and must not fuse into `combine`: XLA would compute them again for
+    every batch row and head. A conditional is a fusion boundary (XLA:CPU expands its
+    optimization-barrier op away before fusing), so they come out of one, written once.
+    Outside XLA the cond returns the rows (by reference, no copy) and `combine` follows:
+    converters such as tf2onnx cannot infer shapes inside the branches.
+    """
+    if in_xla_context():
+
+        def computed_once():
+            return tf.cond(unknown, if_false, if_false)
+
+        return tf.cond(predicate, lambda: combine(*if_true()), lambda: combine(*computed_once()))
+    return combine(*tf.cond(predicate, if_true, if_false))
+
+
+# --------------------------------------------------------------------------------------
+# Bad positions in graphs that cannot raise
+
+
+def nan_unless(rows: Sequence[tf.Tensor], valid) -> tuple[tf.Tensor, ...]:
+    """`rows`, with NaN in place of those where `valid` is False.
+
+    XLA compiles assertions away and converters (tf2onnx, the TFLite converter) drop them,
+    and their slices and gathers clamp or wrap out-of-range indices, so a bad position would
+    give a plausible wrong row; NaN makes it impossible to miss. `valid` is a bool scalar;
+    a Python bool True costs nothing.
+    """
+    if isinstance(valid, (bool, np.bool_)):
+        return tuple(rows)
+    return tuple(tf.where(valid, row, tf.constant(float("nan"), row.dtype)) for row in rows)
+
+
+def as_int32_positions(positions: tf.Tensor) -> tf.Tensor:
+    """Integer `positions` of any width as int32, saturated: 2^32 + 5 must stay out of range.
+
+    Narrow types (int8, uint16, ...) widen exactly; wider ones clip to the int32 range,
+    which every position limit lies within.
+    """
+    if positions.dtype == tf.int32:
+        return positions
+    if positions.dtype.size >= 4:
+        bounds = np.iinfo(np.int32)
+        clipped = tf.clip_by_value(
+            tf.cast(positions, tf.int64), np.int64(bounds.min), np.int64(bounds.max)
+        )
+        return tf.cast(clipped, tf.int32)
+    return tf.cast(positions, tf.int32)
+
+
+# --------------------------------------------------------------------------------------
+# Dtypes
+
+
+def accumulation_dtype(dtype) -> tf.DType:
+    """The dtype a layer combines its input with its tables in: float32 or wider.
+
+    float16 / bfloat16 inputs are widened so that the result is rounded once, when it is
+    cast back to the input dtype; float32 and float64 inputs are used as they are.
+    """
+    dtype = tf.as_dtype(dtype)
+    return dtype if dtype.size >= 4 else tf.float32
+
+
+def add_rounded_once(inputs: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """`inputs + rows` in `accumulation_dtype(inputs.dtype)`, cast back: rounded once."""
+    wide = accumulation_dtype(inputs.dtype)
+    return tf.cast(tf.cast(inputs, wide) + tf.cast(rows, wide), inputs.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# The channel swap of RoPE
+
+# Under XLA:CPU a concat of the pairs' halves (fused into the rotation) beats a gather by
+# a constant permutation while input and output stay in the last-level cache, and loses
+# beyond it (benchmark cases: rotary 8x512x8x64 and 4096x32x128 under XLA).
+XLA_CPU_CONCAT_SWAP_BYTES = 8 * 2**20
+
+
+def swap_form(x: tf.Tensor) -> str:
+    """How to exchange the two channels of every pair of `x` in the graph being traced.
+
+    The one place the form is chosen (`RotaryEmbedding` follows it, including where its
+    rows fuse). `"reverse"` (a reshape and a reverse) outside XLA, where a gather is
+    several times slower (benchmark: rotary, tf.function rows). Under XLA a gather by a
+    constant permutation, except on XLA:CPU up to `XLA_CPU_CONCAT_SWAP_BYTES`, where a
+    concat of the halves is faster (the only device where the forms were measured).
+    """
+    if not in_xla_context():
+        return "reverse"
+    size = x.shape.num_elements()
+    if (
+        xla_on_cpu()
+        and size is not None
+        and size * accumulation_dtype(x.dtype).size <= XLA_CPU_CONCAT_SWAP_BYTES
+    ):
+        return "concat"
+    return "gather"
+
+
+def rows_fuse_into_rotation(form: str) -> bool:
+    """Whether a rotation should run inside the branches that choose its rows at run time.
+
+    Fused there, the gather keeps its speed while the concat runs at twice the floor
+    (benchmark case: rotary 8x512x8x64, XLA, tensor start); the rows are (batch x heads)
+    times smaller than the input, so for the concat they come out whole and it follows.
+    """
+    return form != "concat"
+
+
+def swap_pairs(x: tf.Tensor, pair_shape: list[int], pair_axis: int, axis: int, form: str):
+    """Exchange the two channels of every pair along `axis` of `x`.
+
+    The channels of `axis` viewed as `pair_shape` (`[2, D/2]` or `[D/2, 2]`) hold the two
+    channels of each pair along `pair_axis` of that view.
+    """
+    axis = axis % x.shape.rank
+    width = x.shape[axis]
+    if form == "gather":
+        permutation = np.flip(np.arange(width).reshape(pair_shape), pair_axis).reshape(-1)
+        return tf.gather(x, permutation.astype(np.int32), axis=axis)
+    if x.shape.is_fully_defined():
+        shape = x.shape.as_list()
+        paired_shape = int_array(shape[:axis] + pair_shape + shape[axis + 1 :])
+        shape = int_array(shape)
+    else:
+        shape = tf.shape(x)
+        paired_shape = tf.concat([shape[:axis], pair_shape, shape[axis + 1 :]], 0)
+    paired = tf.reshape(x, paired_shape)
+    if form == "concat":
+        first, second = tf.split(paired, 2, axis=axis + pair_axis)
+        swapped = tf.concat([second, first], axis + pair_axis)
+    else:
+        swapped = tf.reverse(paired, int_array([axis + pair_axis]))
+    return tf.reshape(swapped, shape)
+
+
+# --------------------------------------------------------------------------------------
+# Private Keras APIs
+
+
+def all_layers(model) -> list:
+    """The model and every layer in it, nested ones included (Keras has no public walk)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def replace_weight(layer, old, make_new: Callable):
+    """Untrack `old` from `layer` and track `make_new()` in its place; returns the new weight.
+
+    Keras locks a built layer's state: there is no public way to swap one of its weights
+    (needed to resize a learned table).
+    """
+    layer._untrack_variable(old)
+    layer._tracker.unlock()
+    try:
+        return make_new()
+    finally:
+        layer._lock_state()
