@@ -20,6 +20,7 @@ from keras import ops
 # Private Keras API (as MultiHeadAttention uses it): a tensor's Keras mask, read and cleared.
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
+from keras_posenc._tf import in_xla_context
 from keras_posenc.positions import positions_from_mask
 from keras_posenc.rotary import RotaryEmbedding
 
@@ -90,6 +91,19 @@ def _dim(x: tf.Tensor, axis: int):
 def _columns(x: tf.Tensor, start, length) -> tf.Tensor:
     """`x[:, start : start + length]` for a run-time `start` (a dynamic slice under XLA)."""
     return tf.slice(x, tf.stack([0, start]), tf.stack([-1, length]))
+
+
+def _written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:
+    """`cache (batch, 2, max_length, ...)` with `update (batch, 2, new, ...)` at slot `index`."""
+    if in_xla_context():
+        # A dynamic update slice: XLA writes the new slots into a copy of the cache.
+        return ops.slice_update(cache, [0, 0, index, 0, 0], update)
+    # Elsewhere the same as a select between the cache and the update gathered to every
+    # slot: tf2onnx cannot convert XlaDynamicUpdateSlice, and a select exports anywhere.
+    offset = tf.range(max_length) - index
+    inside = (offset >= 0) & (offset < new)
+    placed = tf.gather(update, tf.clip_by_value(offset, 0, new - 1), axis=2)
+    return tf.where(inside[None, None, :, None, None], placed, cache)
 
 
 class RotaryAttention:
@@ -339,10 +353,9 @@ class RotaryAttention:
                 for x in (query_heads, key_heads, value_heads)
             )
 
-        start = [0, index, 0, 0]
-        keys = ops.slice_update(cache[:, 0], start, ops.cast(key_heads, cache.dtype))
-        values = ops.slice_update(cache[:, 1], start, ops.cast(value_heads, cache.dtype))
-        new_cache = ops.stack([keys, values], axis=1)
+        update = tf.cast(tf.stack([key_heads, value_heads], axis=1), cache.dtype)
+        new_cache = _written(cache, update, index, new, max_length)
+        keys, values = new_cache[:, 0], new_cache[:, 1]
 
         slot = tf.range(max_length)[None, None, :]
         query_slot = index + tf.range(steps)[None, :, None]
