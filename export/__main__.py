@@ -1,5 +1,5 @@
 """`python -m export`: export and verify the default encoders (or `--model PATH.keras`)."""
 
-from export.cli import main
+from keras_posenc_cli import main
 
-raise SystemExit(main())
+raise SystemExit(main(prog="python -m export"))

@@ -38,6 +38,7 @@ from keras_posenc.rope_scaling import (
 )
 
 LAYOUTS = ("half", "interleaved")
+_EARLY_CHECK_DIM = 2**14
 
 
 def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
@@ -169,8 +170,10 @@ class RotaryEmbedding(keras.layers.Layer):
         self.scaling = checked_scaling(scaling)
         self.positions_from_mask = checked_bool(positions_from_mask, "positions_from_mask")
         checked_float_policy(self)
-        if self.rotary_dim is not None:
-            # Bad scaling values fail here, not at the first call.
+        if self.rotary_dim is not None and self.rotary_dim <= _EARLY_CHECK_DIM:
+            # Bad scaling values fail here, not at the first call. A rotary_dim larger than
+            # any head is checked against the head in `build` before anything the size of
+            # it is made: a crafted config must not allocate first.
             rope_parameters(self.rotary_dim, self.max_wavelength, self.scaling)
         self.supports_masking = True
 

@@ -34,7 +34,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the repository
     sys.path.insert(0, str(REPOSITORY))
 
-from export.encoders import DEFAULT_ENCODERS, build_encoder  # noqa: E402
+from keras_posenc.export.encoders import DEFAULT_ENCODERS, build_encoder  # noqa: E402
 
 SMALL_GRID = {"batch_sizes": (1, 3), "sequence_lengths": (2, 17), "repeats": 1}
 CACHED_POSITIONS = 4096  # rows of a layer's cached table; the split tables have as many

@@ -22,6 +22,8 @@ if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the rep
 
 from export.cli import main  # noqa: E402
 
+# What the job writes into each model's folder (the manifest lists the files it wrote).
+ARTIFACTS = [".keras-posenc-files", "model.onnx", "model.tflite", "report.json", "saved_model"]
 SMALL_GRID = ["--batch-sizes", "1,2", "--sequence-lengths", "3,17", "--repeats", "1"]
 
 
@@ -40,12 +42,12 @@ def test_python_m_export_writes_verifies_and_reports(tmp_path):
     for step in ("built", "SavedModel written", "ONNX opset 17 written", "verifying"):
         assert any(line.startswith("[1/1] learned: " + step) for line in lines), step
     rows = [line.split() for line in lines if line.startswith("learned ")]
-    assert [row[1] for row in rows] == ["keras", "saved_model", "onnxruntime"]
-    assert [row[-1] for row in rows[1:]] == ["pass", "pass"]
+    assert [row[1] for row in rows] == ["keras", "saved_model", "onnxruntime", "litert"]
+    assert [row[-1] for row in rows[1:]] == ["pass", "pass", "pass"]
 
     folder = out / "learned"
     assert sorted(p.name for p in out.iterdir()) == ["learned"]  # no temporary folders left
-    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    assert sorted(p.name for p in folder.iterdir()) == ARTIFACTS
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is True
     assert report["opset"] == 17
@@ -80,18 +82,18 @@ def test_model_option_exports_a_saved_keras_model(keras_file, tmp_path, capsys):
 def test_failed_verification_leaves_artifacts_and_exits_1(keras_file, tmp_path, monkeypatch):
     convert = kpe.onnx_model
 
-    def perturbed(model, opset=kpe.DEFAULT_OPSET):
-        proto = convert(model, opset)
+    def perturbed(model, opset=kpe.DEFAULT_OPSET, **options):
+        proto = convert(model, opset, **options)
         (kernel,) = [i for i in proto.graph.initializer if tuple(i.dims) == (8, 4)]
         values = onnx.numpy_helper.to_array(kernel) + np.float32(1e-3)
         kernel.CopyFrom(onnx.numpy_helper.from_array(values, kernel.name))
         return proto
 
-    monkeypatch.setattr(kpe, "onnx_model", perturbed)
+    monkeypatch.setattr(kpe.onnx_export, "onnx_model", perturbed)
     out = tmp_path / "out"
     assert main(["--model", str(keras_file), "--out", str(out), *SMALL_GRID]) == 1
     folder = out / "my_model"
-    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "report.json", "saved_model"]
+    assert sorted(p.name for p in folder.iterdir()) == ARTIFACTS
     report = json.loads((folder / "report.json").read_text())
     assert report["passed"] is False
     assert report["summary"]["onnxruntime"]["passed"] is False

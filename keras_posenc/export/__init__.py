@@ -1,0 +1,131 @@
+"""Export a Keras model to SavedModel, ONNX and LiteRT, and check each against Keras.
+
+All artifacts come from one serving function: a `tf.function` with an explicit, named
+`tf.TensorSpec` per model input, which keeps the sizes the model's inputs fix and leaves
+the others (usually batch and sequence) dynamic. The layers of this package turn their
+host tables into constants while that function is traced, so the ONNX graph holds plain
+constants and its inputs are exactly the signature's (an eager `tf.constant` captured by a
+layer would appear as an extra input, and `save_onnx` refuses such a graph).
+
+`verify_export` runs Keras and each artifact side by side on shapes other than any traced
+one, with starts and positions that reach every position table near its first and last
+rows, and reports, per case, the largest absolute and relative error of each runtime
+against Keras and each runtime's median latency.
+
+One module per concern: `signature` (the serving function), `precision`, `files` (whole
+or nothing), `saved_model`, `onnx_export`, `litert`, `coverage` (what is verified),
+`verify` and `report`; `cli` and `encoders` are the export job (`python -m export`,
+`keras-posenc-export`). Every public name is importable from here.
+
+Example:
+
+```python
+from keras_posenc import SinusoidalPositionalEncoding
+from keras_posenc.export import save_litert, save_onnx, save_saved_model, verify_export
+
+inputs = keras.Input((None, 8), name="embeddings")
+model = keras.Model(inputs, SinusoidalPositionalEncoding()(inputs))
+save_saved_model(model, "out/saved_model")
+save_onnx(model, "out/model.onnx")
+save_litert(model, "out/model.tflite")
+report = verify_export(  # raises if it fails
+    model, "out/saved_model", "out/model.onnx", litert_path="out/model.tflite"
+)
+print(report["summary"]["litert"]["max_abs_error"])
+```
+"""
+
+from keras_posenc.export.coverage import (
+    BATCH_SIZES,
+    SEQUENCE_LENGTHS,
+    default_inputs,
+    longest_sequence,
+    position_inputs,
+    position_limit,
+    verification_cases,
+    verification_shapes,
+)
+from keras_posenc.export.errors import ExportError, VerificationError
+from keras_posenc.export.files import (
+    is_saved_model,
+    recover,
+    recover_interrupted,
+    whole_or_nothing,
+    write_json,
+    written_by_package,
+)
+from keras_posenc.export.litert import (
+    litert_flatbuffer,
+    litert_interpreter,
+    litert_ops,
+    save_litert,
+)
+from keras_posenc.export.onnx_export import (
+    DEFAULT_OPSET,
+    GRAPH_PASSES,
+    SUPPORTED_OPSETS,
+    dedupe_constants,
+    onnx_constant_bytes,
+    onnx_model,
+    save_onnx,
+)
+from keras_posenc.export.precision import (
+    BFLOAT16_CHOICES,
+    compute_dtypes,
+    exportable_model,
+    float32_copy,
+)
+from keras_posenc.export.report import (
+    FLOAT16_TOLERANCE,
+    FLOAT32_TOLERANCE,
+    compare_outputs,
+    parameter_bytes,
+    position_table_bytes,
+)
+from keras_posenc.export.saved_model import save_saved_model
+from keras_posenc.export.signature import input_signature, serving_function
+from keras_posenc.export.verify import RUNTIMES, verify_export
+
+__all__ = [
+    "BATCH_SIZES",
+    "BFLOAT16_CHOICES",
+    "DEFAULT_OPSET",
+    "FLOAT16_TOLERANCE",
+    "GRAPH_PASSES",
+    "FLOAT32_TOLERANCE",
+    "RUNTIMES",
+    "SEQUENCE_LENGTHS",
+    "SUPPORTED_OPSETS",
+    "ExportError",
+    "VerificationError",
+    "compare_outputs",
+    "compute_dtypes",
+    "dedupe_constants",
+    "default_inputs",
+    "exportable_model",
+    "float32_copy",
+    "input_signature",
+    "litert_flatbuffer",
+    "litert_interpreter",
+    "litert_ops",
+    "position_inputs",
+    "position_limit",
+    "recover",
+    "recover_interrupted",
+    "save_litert",
+    "verification_cases",
+    "written_by_package",
+    "is_saved_model",
+    "longest_sequence",
+    "onnx_constant_bytes",
+    "onnx_model",
+    "parameter_bytes",
+    "position_table_bytes",
+    "save_onnx",
+    "save_saved_model",
+    "serving_function",
+    "verification_shapes",
+    "verify_export",
+    "whole_or_nothing",
+    "write_json",
+]

@@ -1,0 +1,365 @@
+"""The export job, `python -m export`: build or load encoders, export, verify, report.
+
+For each encoder the job writes, whole or not at all,
+
+    <out>/<name>/saved_model/   the SavedModel (signature `serving_default`)
+    <out>/<name>/model.onnx     the ONNX model
+    <out>/<name>/model.tflite   the LiteRT model (built-in ops only)
+    <out>/<name>/report.json    the verification report (see `keras_posenc.export`)
+
+prints a progress line per step and, at the end, a table with one row per encoder and
+runtime. The exit status is 0 only when every verification passed; a failed verification
+still leaves its artifacts and a report that marks the failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
+# installed package) into the current folder.
+CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT_ARTIFACTS = CHECKOUT / "export" / "artifacts"
+ARTIFACTS_NAME = "keras-posenc-artifacts"
+# The shapes whose latencies the table shows (those not verified show as "-").
+TABLE_SHAPES = ((1, 128), (8, 128))
+_ARTIFACT_FILES = ("report.json", "model.onnx", "model.tflite", "saved_model")
+
+
+@dataclass
+class Job:
+    """One model to export: its name (artifacts folder), how to get it, its longest sequence."""
+
+    name: str
+    load: Callable[[], object]
+    longest: int | None
+    description: str
+
+
+def _positive_integers(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers separated by commas, got {text!r}"
+        )
+    return values
+
+
+def _positive_integer(text: str) -> int:
+    (value,) = _positive_integers(text)
+    return value
+
+
+def default_out() -> Path:
+    """`export/artifacts` when run inside the repository checkout, else ./keras-posenc-artifacts."""
+    in_checkout = (CHECKOUT / "export" / "__main__.py").is_file() and (
+        CHECKOUT / "pyproject.toml"
+    ).is_file()
+    if in_checkout and Path.cwd().resolve().is_relative_to(CHECKOUT):
+        return CHECKOUT_ARTIFACTS
+    return Path(ARTIFACTS_NAME)
+
+
+def parse_arguments(
+    argv: Sequence[str] | None = None, prog: str = "keras-posenc-export"
+) -> argparse.Namespace:
+    from keras_posenc.export import BATCH_SIZES, DEFAULT_OPSET, SEQUENCE_LENGTHS, SUPPORTED_OPSETS
+    from keras_posenc.export.encoders import DEFAULT_ENCODERS
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Export encoders to SavedModel, ONNX and LiteRT and verify the SavedModel, "
+            "onnxruntime and LiteRT against Keras. Without --model: the built-in default "
+            "encoders (" + ", ".join(DEFAULT_ENCODERS) + ")."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--encoder",
+        action="append",
+        choices=list(DEFAULT_ENCODERS),
+        help="export this default encoder (repeat for several; default: all)",
+    )
+    source.add_argument(
+        "--model", type=Path, metavar="PATH.keras", help="export this saved Keras model instead"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="folder for the artifacts, one subfolder per model (default: export/artifacts "
+        f"in the repository checkout, else ./{ARTIFACTS_NAME})",
+    )
+    parser.add_argument(
+        "--opset",
+        type=int,
+        metavar="N",
+        default=DEFAULT_OPSET,
+        help=f"ONNX opset, {SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1} "
+        f"(default {DEFAULT_OPSET})",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=_positive_integer,
+        metavar="N",
+        help="the longest sequence --model allows, verified as well (default: its smallest "
+        "learned position table, if any)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        type=_positive_integers,
+        default=BATCH_SIZES,
+        metavar="N,N,...",
+        help=f"batch sizes to verify (default: {','.join(map(str, BATCH_SIZES))})",
+    )
+    parser.add_argument(
+        "--sequence-lengths",
+        type=_positive_integers,
+        default=SEQUENCE_LENGTHS,
+        metavar="N,N,...",
+        help="sequence lengths to verify, with the longest the model allows "
+        f"(default: {','.join(map(str, SEQUENCE_LENGTHS))})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_integer,
+        metavar="N",
+        default=7,
+        help="timed calls per runtime and shape; latency is their median (default: 7)",
+    )
+    arguments = parser.parse_args(argv)
+    if arguments.out is None:
+        arguments.out = default_out()
+    if arguments.opset not in SUPPORTED_OPSETS:
+        parser.error(
+            f"--opset {arguments.opset} is not supported: tf2onnx writes opsets "
+            f"{SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1}"
+        )
+    if arguments.model is not None:
+        if not arguments.model.is_file():
+            parser.error(f"--model {arguments.model}: no such file")
+        if arguments.model.suffix != ".keras":
+            parser.error(f"--model {arguments.model}: expected a .keras file (model.save(...))")
+    elif arguments.max_length is not None:
+        parser.error("--max-length is for --model; the default encoders know their own")
+    return arguments
+
+
+def jobs(arguments: argparse.Namespace) -> list[Job]:
+    """What to export: the chosen default encoders, or the `--model` file."""
+    from keras_posenc.export import encoders
+
+    if arguments.model is not None:
+        path = arguments.model
+
+        def load():
+            import keras
+
+            return keras.saving.load_model(path)
+
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
+        return [Job(name, load, arguments.max_length, f"loaded the Keras model {path}")]
+    chosen = arguments.encoder or list(encoders.DEFAULT_ENCODERS)
+    result = []
+    for name in dict.fromkeys(chosen):
+        spec = encoders.DEFAULT_ENCODERS[name]
+        result.append(
+            Job(
+                name,
+                lambda spec=spec: encoders.build_encoder(spec),
+                spec.max_sequence_length,
+                f"built the {spec.position} encoder: vocabulary {spec.vocabulary_size}, "
+                f"width {spec.width}, "
+                f"{spec.num_heads} heads, {spec.num_blocks} blocks, feed-forward "
+                f"{spec.feed_forward_dim}, longest sequence {spec.max_sequence_length}",
+            )
+        )
+    return result
+
+
+def _is_artifacts_folder(folder: Path) -> bool:
+    return any((folder / name).exists() for name in _ARTIFACT_FILES)
+
+
+def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], None]) -> dict:
+    """Exports and verifies one model into `<out>/<name>/`; returns its report."""
+    from keras_posenc import export
+
+    started = time.perf_counter()
+    model = job.load()
+    log(f"{job.description} ({model.count_params():,} parameters)")
+    model, notes = export.exportable_model(model, bfloat16="float32")
+    for note in notes:
+        log(note)
+    with export.whole_or_nothing(
+        arguments.out / job.name, replace_if=_is_artifacts_folder
+    ) as folder:
+        folder.mkdir()
+        clock = time.perf_counter()
+        export.save_saved_model(model, folder / "saved_model")
+        log(f"SavedModel written ({time.perf_counter() - clock:.1f} s)")
+
+        clock = time.perf_counter()
+        export.save_onnx(model, folder / "model.onnx", arguments.opset)
+        constants = export.onnx_constant_bytes(folder / "model.onnx")
+        parameters = export.parameter_bytes(model)
+        tables = export.position_table_bytes(model)
+        log(
+            f"ONNX opset {arguments.opset} written ({time.perf_counter() - clock:.1f} s): "
+            f"constants {constants:,} B = parameters {parameters:,} B + position tables "
+            f"{tables:,} B {constants - parameters - tables:+,} B"
+        )
+
+        clock = time.perf_counter()
+        export.save_litert(model, folder / "model.tflite")
+        log(
+            f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
+            f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
+        )
+
+        cases = export.verification_cases(
+            model, arguments.batch_sizes, arguments.sequence_lengths, job.longest
+        )
+        log(f"verifying {len(cases)} cases against Keras ...")
+        report = export.verify_export(
+            model,
+            folder / "saved_model",
+            folder / "model.onnx",
+            litert_path=folder / "model.tflite",
+            batch_sizes=arguments.batch_sizes,
+            sequence_lengths=arguments.sequence_lengths,
+            max_sequence_length=job.longest,
+            repeats=arguments.repeats,
+            progress=lambda line: log("  " + line),
+            raise_on_failure=False,
+        )
+        report.update(
+            {
+                "model": job.name,
+                "description": job.description,
+                "opset": arguments.opset,
+                "saved_model": "saved_model",
+                "onnx": "model.onnx",
+                "litert": "model.tflite",
+                "notes": notes + [n for n in report["notes"] if n not in notes],
+            }
+        )
+        export.write_json(report, folder / "report.json")
+    verdict = "passed" if report["passed"] else "FAILED"
+    log(
+        f"verification {verdict}; {arguments.out / job.name}/ written "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
+    return report
+
+
+def _latency(report: dict, runtime: str, batch: int, sequence: int) -> float | None:
+    for case in report["cases"]:
+        if (case["batch"], case["sequence"]) == (batch, sequence):
+            return case["runtimes"][runtime]["latency_ms"]
+    return None
+
+
+def table(reports: dict[str, dict | None]) -> str:
+    """The results as a text table: one row per model and runtime."""
+    shapes = [f"b{b}xs{s}" for b, s in TABLE_SHAPES]
+    header = [
+        "encoder",
+        "runtime",
+        "max abs err",
+        "max rel err",
+        "tol used",
+        *(f"ms {shape}" for shape in shapes),
+        *(f"/TF {shape}" for shape in shapes),
+        "result",
+    ]
+    rows = [header]
+    for name, report in reports.items():
+        if report is None:
+            rows.append([name, "-", "-", "-", "-", *["-"] * 2 * len(shapes), "ERROR"])
+            continue
+        for runtime in report["runtimes"]:
+            summary = report["summary"][runtime]
+            latencies = [_latency(report, runtime, b, s) for b, s in TABLE_SHAPES]
+            baselines = [_latency(report, "saved_model", b, s) for b, s in TABLE_SHAPES]
+            if summary.get("reference"):
+                errors, result = ["reference", "", ""], ""
+            else:
+                errors = [
+                    f"{summary['max_abs_error']:.1e}",
+                    f"{summary['max_rel_error']:.1e}",
+                    f"{summary['tolerance_used']:.2f}",
+                ]
+                result = "pass" if summary["passed"] else "FAIL"
+            rows.append(
+                [
+                    name,
+                    runtime,
+                    *errors,
+                    *("-" if t is None else f"{t:.2f}" for t in latencies),
+                    *(
+                        "-" if t is None or base is None else f"{t / base:.2f}"
+                        for t, base in zip(latencies, baselines, strict=True)
+                    ),
+                    result,
+                ]
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+TABLE_NOTES = """\
+Errors are the largest over all verified shapes, against Keras. max rel err: |runtime - keras|
+/ |keras| over nonzero outputs, as numpy reports it (large where an output is near zero).
+tol used: max |runtime - keras| / (atol + rtol |keras|) with atol=1e-5, rtol=1e-4 for float32
+(1e-2 for float16); pass = allclose = tol used <= 1. ms: median latency, the runtimes
+interleaved in one process; /TF: that latency over the SavedModel's (TensorFlow) latency."""
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -> int:
+    """Runs the export job; returns the exit status (0 when every verification passed)."""
+    arguments = parse_arguments(argv, prog)
+    todo = jobs(arguments)
+    try:
+        arguments.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"error: cannot create --out {arguments.out}: {error.strerror}", file=sys.stderr)
+        return 1
+    reports: dict[str, dict | None] = {}
+    for index, job in enumerate(todo, 1):
+
+        def log(line: str, step: str = f"[{index}/{len(todo)}] {job.name}") -> None:
+            print(f"{step}: {line}", flush=True)
+
+        try:
+            reports[job.name] = export_one(job, arguments, log)
+        except Exception as error:  # one model's failure must not stop the others
+            log(f"ERROR {type(error).__name__}: {error}")
+            reports[job.name] = None
+    print()
+    print(table(reports))
+    print()
+    print(TABLE_NOTES)
+    passed = all(report is not None and report["passed"] for report in reports.values())
+    print()
+    print(
+        f"{'All' if passed else 'NOT all'} {len(reports)} verification(s) passed; "
+        f"artifacts in {arguments.out}/"
+    )
+    return 0 if passed else 1

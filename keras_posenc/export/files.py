@@ -1,0 +1,302 @@
+"""Writing files whole or not at all, and replacing only what the package wrote.
+
+The guarantees, for every artifact the package writes (`whole_or_nothing`):
+
+- **Whole or not at all.** The artifact is written in a staging folder `.NAME.XXXXXXXX.tmp`
+  next to it and renamed into place only when complete. A file is replaced by one atomic
+  rename. A folder takes two (the old one aside into the staging folder, the new one in):
+  a process killed between them leaves the old folder in `.NAME.XXXXXXXX.tmp/.replaced`,
+  and the next export to, or verification of, that path puts it back (`recover`).
+- **Stale staging folders are cleaned.** A killed export leaves its staging folder; the
+  next export to the same path removes it (after restoring what it held, as above).
+- **Only ours.** Every folder the package writes lists its files in a hidden manifest
+  (`.keras-posenc-files`). An existing folder is replaced only when it is empty or holds
+  nothing but the files its manifest lists; a folder with anything else in it (a user's
+  `NOTES.txt`, or a folder another tool wrote) is refused, never deleted.
+- **One writer at a time.** A writer holds an exclusive lock (`.NAME.lock`, removed when it
+  is done) from its first check to its last rename; a second writer of the same path fails
+  at once with an `ExportError` that says so. Where the platform has no `fcntl` (Windows),
+  this lock is not taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from keras_posenc.export.errors import ExportError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+MANIFEST = ".keras-posenc-files"
+_REPLACED = ".replaced"
+_KINDS = (None, "file", "folder")
+
+
+def _staging_pattern(name: str) -> re.Pattern:
+    # mkdtemp's random part: 8 characters of [a-z0-9_]. Exact, so that the staging folders
+    # of `model` never match those of `model.onnx`.
+    return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]{{8}}\.tmp")
+
+
+def recover(target: str | os.PathLike) -> bool:
+    """Finishes what a killed `whole_or_nothing` left next to `target`.
+
+    When `target` is absent and a staging folder holds the folder it replaced, that folder
+    is put back (the old artifact, whole); every staging folder of `target` is then removed.
+    Call it only while no other process writes `target` (`whole_or_nothing` holds its lock).
+
+    Args:
+        target: the artifact's path.
+
+    Returns:
+        Whether an old artifact was put back.
+    """
+    target = Path(target)
+    parent = target.parent
+    if not parent.is_dir():
+        return False
+    pattern = _staging_pattern(target.name)
+    restored = False
+    for staging in sorted(parent.iterdir()):
+        if not pattern.fullmatch(staging.name) or not staging.is_dir():
+            continue
+        aside = staging / _REPLACED
+        if aside.exists() and not os.path.lexists(target):
+            os.replace(aside, target)
+            restored = True
+        shutil.rmtree(staging, ignore_errors=True)
+    return restored
+
+
+def recover_interrupted(target: str | os.PathLike) -> bool:
+    """`recover(target)` unless another process is writing `target` now (then nothing).
+
+    What loading an artifact calls first (`verify_export` does): an artifact a killed
+    export left aside is back in place before it is read.
+    """
+    target = Path(target)
+    if not target.parent.is_dir():
+        return False
+    try:
+        with _exclusive(target):
+            return recover(target)
+    except (ExportError, OSError):  # being written, or a folder we cannot write to
+        return False
+
+
+def _files(folder: Path) -> set[str]:
+    return {
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() or path.is_symlink()
+    }
+
+
+def written_by_package(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds only files the package wrote there (its manifest lists them)."""
+    folder = Path(folder)
+    try:
+        listed = set(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return _files(folder) - {MANIFEST} <= listed
+
+
+def _foreign_files(folder: Path) -> list[str]:
+    try:
+        listed = set(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = set()
+    return sorted(_files(folder) - listed - {MANIFEST})
+
+
+def _write_manifest(folder: Path) -> None:
+    files = sorted(_files(folder) - {MANIFEST})
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=0) + "\n")
+
+
+@contextlib.contextmanager
+def _exclusive(target: Path) -> Iterator[None]:
+    """Holds the lock of `target` (`.NAME.lock` next to it), or raises at once."""
+    if fcntl is None:
+        yield
+        return
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
+                "folder you can write to",
+                str(target.parent),
+            ) from error
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise ExportError(
+                f"Another export is writing {str(target)!r} right now; wait for it to finish "
+                "or write to another path."
+            ) from None
+        # The previous holder removes the lock file when it is done: a lock taken on a
+        # removed file locks nothing, so take it again on the file now there.
+        try:
+            same = os.stat(lock).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(descriptor)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(descriptor)
+
+
+def _check_parent(target: Path) -> None:
+    parent = target.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            f"{str(parent)!r} is a file, not a folder to write {target.name!r} into",
+            str(parent),
+        )
+    if not parent.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"The folder {str(parent)!r} to write {target.name!r} into does not exist; "
+            "create it first",
+            str(parent),
+        )
+
+
+def _check_replaceable(target: Path, kind, replace_if) -> None:
+    if kind == "folder" and target.exists() and not target.is_dir():
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{str(target)!r} is a file, and this export writes a folder there; remove the "
+            "file or choose another path",
+            str(target),
+        )
+    if kind == "file" and target.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{str(target)!r} is a folder, and this export writes a file there; give the "
+            "path of a file",
+            str(target),
+        )
+    if target.is_dir() and any(target.iterdir()):
+        if not written_by_package(target) or (replace_if is not None and not replace_if(target)):
+            foreign = _foreign_files(target)
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise FileExistsError(
+                errno.EEXIST,
+                f"{str(target)!r} is a folder with other contents than this export would "
+                f"write ({shown or 'not written by keras_posenc'}); it is left as it is: "
+                "remove it yourself or choose another path",
+                str(target),
+            )
+
+
+@contextlib.contextmanager
+def whole_or_nothing(
+    target: str | os.PathLike,
+    replace_if: Callable[[Path], bool] | None = None,
+    *,
+    kind: str | None = None,
+) -> Iterator[Path]:
+    """Yields a path to write in place of `target`; renamed to `target` only on success.
+
+    The path lies in a fresh staging folder next to `target` (the same file system, so the
+    rename is atomic for a file); that folder is removed afterwards whatever happens. An
+    existing file at `target` is replaced; an existing folder only when it is empty, or
+    holds only the files the package wrote there and `replace_if(folder)` holds (when
+    given). A folder written here gets a manifest of its files. See the module docstring
+    for what happens when a process is killed, and for concurrent writers.
+
+    Example:
+
+    ```python
+    with whole_or_nothing("out/report.json") as path:
+        path.write_text("{}")  # out/report.json appears only when this block succeeds
+    ```
+
+    Args:
+        target: the file or folder to write.
+        replace_if: which existing folders (written by the package) may be replaced.
+        kind: `"file"` or `"folder"` when the caller knows what it writes: the other kind
+            already at `target` is an error at once, before anything is written.
+
+    Raises:
+        ExportError: another process is writing `target`.
+        FileExistsError: `target` is a folder that may not be replaced (or a file, for
+            `kind="folder"`).
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}.")
+    target = Path(target)
+    _check_parent(target)
+    with _exclusive(target):
+        recover(target)
+        _check_replaceable(target, kind, replace_if)
+        try:
+            staging = Path(
+                tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            )
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
+                "folder you can write to",
+                str(target.parent),
+            ) from error
+        try:
+            written = staging / target.name
+            yield written
+            if not os.path.lexists(written):
+                raise ExportError(f"Nothing was written for {str(target)!r}.")
+            if written.is_dir():
+                _write_manifest(written)
+            if target.is_dir():
+                aside = staging / _REPLACED
+                os.replace(target, aside)
+                try:
+                    os.replace(written, target)
+                except OSError:
+                    os.replace(aside, target)
+                    raise
+            else:
+                os.replace(written, target)
+        finally:
+            # Interrupted between the two renames (KeyboardInterrupt): the old one goes back.
+            aside = staging / _REPLACED
+            if aside.exists() and not os.path.lexists(target):
+                os.replace(aside, target)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def is_saved_model(folder: Path) -> bool:
+    """Whether `folder` holds a SavedModel."""
+    return (Path(folder) / "saved_model.pb").is_file()
+
+
+def write_json(data: dict, path: str | os.PathLike) -> Path:
+    """Writes `data` as indented JSON to `path`, whole or not at all."""
+    with whole_or_nothing(path, kind="file") as written:
+        written.write_text(json.dumps(data, indent=2) + "\n")
+    return Path(path)

@@ -1,0 +1,278 @@
+"""ONNX: the serving function converted by tf2onnx, its constants merged, checked."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from keras_posenc.export.errors import ExportError
+from keras_posenc.export.files import whole_or_nothing
+from keras_posenc.export.precision import exportable_model
+from keras_posenc.export.signature import input_signature, serving_function
+
+DEFAULT_OPSET = 17
+# tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
+# matmuls of attention layers.
+SUPPORTED_OPSETS = range(13, 19)
+# Rewrites of the converted graph, applied in order to every export before it is checked:
+# each takes the `onnx.ModelProto` and changes it in place (or returns a new one).
+GRAPH_PASSES: list[Callable] = []
+
+
+def save_onnx(
+    model: keras.Model,
+    path: str | os.PathLike,
+    opset: int = DEFAULT_OPSET,
+    *,
+    bfloat16: str = "float32",
+    passes: Sequence[Callable] | None = None,
+) -> Path:
+    """Writes `model` as an ONNX file, converted by tf2onnx from its serving function.
+
+    The graph's inputs are the model's inputs by name (axis 0 named `batch`, axis 1
+    `sequence`), its outputs the model's named outputs. Constants tf2onnx leaves
+    duplicated are merged (`dedupe_constants`); the result passes
+    `onnx.checker.check_model(full_check=True)`.
+
+    Example:
+
+    ```python
+    save_onnx(model, "out/model.onnx")
+    session = onnxruntime.InferenceSession("out/model.onnx")
+    (encoded,) = session.run(None, {"token_ids": np.array([[3, 1, 4]], np.int32)})
+    ```
+
+    Args:
+        model: a functional or `Sequential` Keras model.
+        path: the `.onnx` file to write; its folder must exist.
+        opset: the ONNX opset, in `SUPPORTED_OPSETS` (13 to 18).
+        bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
+            (with a warning), `"error"` refuses.
+        passes: graph rewrites applied to the converted graph before it is checked
+            (default `GRAPH_PASSES`); see `onnx_model`.
+
+    Returns:
+        The path written.
+    """
+    if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)):
+        raise TypeError(f"opset must be an integer, got {opset!r}.")
+    if opset not in SUPPORTED_OPSETS:
+        raise ValueError(
+            f"ONNX opset {opset} is not supported: tf2onnx writes opsets "
+            f"{SUPPORTED_OPSETS.start} to {SUPPORTED_OPSETS.stop - 1}. Use opset="
+            f"{DEFAULT_OPSET} (the default) or another in that range."
+        )
+    import onnx
+
+    model, _ = exportable_model(model, bfloat16)
+    if Path(path).is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .onnx file", str(path)
+        )
+    with whole_or_nothing(path, kind="file") as written:
+        onnx.save(onnx_model(model, opset, passes=passes), str(written))
+    return Path(path)
+
+
+def onnx_model(
+    model: keras.Model, opset: int = DEFAULT_OPSET, *, passes: Sequence[Callable] | None = None
+):
+    """The checked `onnx.ModelProto` of `model` (what `save_onnx` writes).
+
+    Args:
+        model: a functional or `Sequential` Keras model.
+        opset: the ONNX opset, in `SUPPORTED_OPSETS`.
+        passes: functions `pass_(proto)` applied in order to tf2onnx's graph before any
+            check, each changing the proto in place or returning a new one (default
+            `GRAPH_PASSES`, the package's own rewrites). Whatever they make must still
+            pass the checks below and `verify_export`.
+    """
+    import onnx
+    import tf2onnx
+
+    specs = input_signature(model)
+    function = serving_function(model)
+    proto = None
+    # tf2onnx deep-copies the whole graph before each of its optimizer passes so that it
+    # can skip a pass that fails; without the copies conversion takes half the time. Only
+    # if a pass does fail is the conversion repeated with them.
+    for catch_errors in ("FALSE", "TRUE"):
+        try:
+            with _environment(TF2ONNX_CATCH_ERRORS=catch_errors), _quiet("tf2onnx"):
+                proto, _ = tf2onnx.convert.from_function(
+                    function, input_signature=specs, opset=opset
+                )
+            break
+        except Exception as error:
+            if catch_errors == "TRUE":
+                raise ExportError(
+                    f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
+                ) from error
+
+    for rewrite in GRAPH_PASSES if passes is None else passes:
+        proto = rewrite(proto) or proto
+
+    unknown = sorted(
+        {
+            node.op_type
+            for graph in _graphs(proto.graph)
+            for node in graph.node
+            if not onnx.defs.has(node.op_type, node.domain)
+        }
+    )
+    if unknown:
+        raise ExportError(
+            f"tf2onnx left TensorFlow ops it cannot convert in the graph of {model.name!r}: "
+            f"{', '.join(unknown)}. Replace them in the model (for example the exact 'gelu', "
+            "which uses Erfc, with gelu(approximate=True) or 'silu')."
+        )
+    names = [spec.name for spec in specs]
+    graph_inputs = [i.name for i in proto.graph.input]
+    if graph_inputs != names:
+        extra = sorted(set(graph_inputs) - set(names))
+        raise ExportError(
+            f"The ONNX graph's inputs {graph_inputs} are not the signature's {names}. "
+            + (
+                f"The extra inputs {extra} are tensors the traced function captured, such as "
+                "a tf.constant created eagerly and stored on a layer; keep numpy arrays on "
+                "the layer and convert them inside call()."
+                if extra
+                else ""
+            )
+        )
+    dedupe_constants(proto)
+    _name_dynamic_axes(proto)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+@contextlib.contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _name_dynamic_axes(proto) -> None:
+    """Names axis 0 `batch` and axis 1 `sequence` of inputs and outputs where they are unknown."""
+    for value in [*proto.graph.input, *proto.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        for axis, name in enumerate(("batch", "sequence")[: len(dims)]):
+            if not dims[axis].HasField("dim_value"):
+                dims[axis].dim_param = name
+
+
+def _graphs(graph) -> Iterable:
+    """`graph` and every subgraph in it (If branches, Loop bodies), outermost first."""
+    import onnx
+
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from _graphs(subgraph)
+
+
+def dedupe_constants(proto) -> None:
+    """Removes the duplicated constants tf2onnx leaves, in place.
+
+    - `Shape` of an initializer becomes an initializer: tf2onnx keeps each einsum kernel
+      a second time, reshaped, only to read its shape;
+    - identical initializers, in any subgraph, become one initializer of the main graph,
+      which subgraphs read by name: every traced use of a host position table is its own
+      constant, inside the branches of an `If`;
+    - initializers nothing reads are removed.
+    """
+    from onnx import numpy_helper
+
+    graphs = list(_graphs(proto.graph))
+    initializers = {i.name: i for g in graphs for i in g.initializer}
+    for graph in graphs:
+        for node in list(graph.node):
+            if node.op_type == "Shape" and node.input[0] in initializers:
+                dims = list(initializers[node.input[0]].dims)
+                bounds = {a.name: a.i for a in node.attribute}
+                shape = dims[bounds.get("start", 0) : bounds.get("end", len(dims))]
+                graph.node.remove(node)
+                graph.initializer.append(
+                    numpy_helper.from_array(np.array(shape, np.int64), node.output[0])
+                )
+
+    canonical: dict[tuple, str] = {}
+    renamed: dict[str, str] = {}
+    for graph in graphs:
+        # A subgraph must produce its outputs itself: constants it returns stay where they are.
+        returned = {o.name for o in graph.output}
+        for initializer in list(graph.initializer):
+            if initializer.name in returned:
+                continue
+            value = numpy_helper.to_array(initializer)
+            key = (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+            if key in canonical:
+                renamed[initializer.name] = canonical[key]
+                graph.initializer.remove(initializer)
+            else:
+                canonical[key] = initializer.name
+                if graph is not proto.graph:
+                    graph.initializer.remove(initializer)
+                    proto.graph.initializer.append(initializer)
+    for graph in graphs:
+        for node in graph.node:
+            for index, name in enumerate(node.input):
+                node.input[index] = renamed.get(name, name)
+
+    read = {name for g in graphs for node in g.node for name in node.input}
+    for graph in graphs:
+        returned = {o.name for o in graph.output}
+        for initializer in list(graph.initializer):
+            if initializer.name not in read | returned:
+                graph.initializer.remove(initializer)
+
+
+def onnx_constant_bytes(proto_or_path) -> int:
+    """Bytes of every constant in an ONNX model: initializers and `Constant` nodes, all graphs."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = (
+        proto_or_path
+        if isinstance(proto_or_path, onnx.ModelProto)
+        else onnx.load(str(proto_or_path))
+    )
+    total = 0
+    for graph in _graphs(proto.graph):
+        total += sum(numpy_helper.to_array(i).nbytes for i in graph.initializer)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.TENSOR:
+                    total += numpy_helper.to_array(attribute.t).nbytes
+    return total

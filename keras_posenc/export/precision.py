@@ -1,0 +1,103 @@
+"""What precision a model is exported in: bfloat16 models become float32 copies."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+
+from keras_posenc.export.errors import ExportError
+from keras_posenc.export.signature import _all_layers, _model_inputs
+
+BFLOAT16_CHOICES = ("float32", "error")
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+def compute_dtypes(model: keras.Model) -> set[str]:
+    """The compute dtypes of the model's layers and the dtypes of its float variables."""
+    dtypes = {
+        layer.dtype_policy.compute_dtype
+        for layer in _all_layers(model)
+        if getattr(layer, "dtype_policy", None) is not None
+    }
+    dtypes.update(v.dtype for v in model.weights if keras.backend.is_float_dtype(v.dtype))
+    return {keras.backend.standardize_dtype(d) for d in dtypes}
+
+
+def float32_copy(model: keras.Model) -> keras.Model:
+    """A copy of `model` that computes and stores everything in float32, with the same weights.
+
+    Every dtype policy (`bfloat16`, `mixed_bfloat16`, `float16`, `mixed_float16`) and every
+    low-precision input dtype in the model's config becomes `float32`; weights are cast up
+    (exactly: float32 holds every bfloat16 and float16 value).
+
+    Args:
+        model: a Keras model whose config round-trips (`get_config` / `from_config`).
+
+    Returns:
+        A new model.
+    """
+    config = _float32_config(keras.saving.serialize_keras_object(model))
+    copy = keras.saving.deserialize_keras_object(config)
+    weights = model.get_weights()
+    copy.set_weights(
+        [
+            w.astype(np.float32)
+            if keras.backend.standardize_dtype(w.dtype) in _LOW_PRECISION
+            else w
+            for w in weights
+        ]
+    )
+    return copy
+
+
+def _float32_config(config):
+    if isinstance(config, dict):
+        result = {}
+        for key, value in config.items():
+            if key == "dtype" and isinstance(value, str) and _is_low_precision(value):
+                value = "float32"
+            elif (
+                key in ("dtype", "dtype_policy")
+                and isinstance(value, dict)
+                and value.get("class_name") == "DTypePolicy"
+            ):
+                value = {**value, "config": {**value["config"], "name": "float32"}}
+            result[key] = _float32_config(value)
+        return result
+    if isinstance(config, list):
+        return [_float32_config(value) for value in config]
+    return config
+
+
+def _is_low_precision(dtype_name: str) -> bool:
+    return dtype_name.removeprefix("mixed_") in _LOW_PRECISION
+
+
+def exportable_model(model: keras.Model, bfloat16: str = "float32") -> tuple[keras.Model, list]:
+    """The model to export and notes on what was changed.
+
+    bfloat16 cannot go to ONNX: tf2onnx maps it to float16 and writes a broken graph
+    (tensorflow-onnx#2337), and onnxruntime's CPU has no bfloat16 MatMul. A model that uses
+    bfloat16 anywhere is exported as its `float32_copy` (`bfloat16="float32"`, with a
+    warning) or refused (`bfloat16="error"`).
+    """
+    if bfloat16 not in BFLOAT16_CHOICES:
+        raise ValueError(f"bfloat16 must be one of {BFLOAT16_CHOICES}, got {bfloat16!r}.")
+    _model_inputs(model)
+    if "bfloat16" not in compute_dtypes(model):
+        return model, []
+    if bfloat16 == "error":
+        raise ExportError(
+            f"The model {model.name!r} uses bfloat16, which cannot be exported to ONNX "
+            "(tf2onnx writes a broken graph, tensorflow-onnx#2337; onnxruntime's CPU has no "
+            "bfloat16 MatMul). Export a float32 copy: pass bfloat16='float32', or call "
+            "keras_posenc.export.float32_copy(model) and export that."
+        )
+    note = (
+        f"The model {model.name!r} uses bfloat16; exported a float32 copy with the same "
+        "weights instead (bfloat16 does not export to ONNX, tensorflow-onnx#2337)."
+    )
+    warnings.warn(note, stacklevel=3)
+    return float32_copy(model), [note]

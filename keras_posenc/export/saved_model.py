@@ -1,0 +1,51 @@
+"""SavedModel: the serving function as a `serving_default` signature."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import keras
+
+from keras_posenc.export.files import is_saved_model, whole_or_nothing
+from keras_posenc.export.precision import exportable_model
+from keras_posenc.export.signature import input_signature, serving_function
+
+
+def save_saved_model(
+    model: keras.Model, path: str | os.PathLike, *, bfloat16: str = "float32"
+) -> Path:
+    """Writes `model` as a SavedModel with a `serving_default` signature.
+
+    The signature takes the model's inputs by name, with dynamic batch and sequence axes,
+    and returns a dict of the model's named outputs. The SavedModel loads with
+    `tf.saved_model.load` alone: no Keras and no `keras_posenc` needed.
+
+    Example:
+
+    ```python
+    save_saved_model(model, "out/saved_model")
+    # Elsewhere, with TensorFlow alone:
+    serve = tf.saved_model.load("out/saved_model").signatures["serving_default"]
+    serve(token_ids=tf.constant([[3, 1, 4]]))["encoded"]  # (1, 3, width)
+    ```
+
+    Args:
+        model: a functional or `Sequential` Keras model.
+        path: the SavedModel folder to write. Its parent folder must exist; an existing
+            SavedModel there is replaced, anything else is left alone (an error).
+        bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
+            (with a warning), `"error"` refuses. TensorFlow could serve bfloat16, but the
+            SavedModel holds the same model as the ONNX file so that both can be checked.
+
+    Returns:
+        The path written.
+    """
+    model, _ = exportable_model(model, bfloat16)
+    specs = input_signature(model)
+    with whole_or_nothing(path, replace_if=is_saved_model, kind="folder") as written:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        archive.add_endpoint("serving_default", serving_function(model).python_function, specs)
+        archive.write_out(str(written), verbose=False)
+    return Path(path)

@@ -1,0 +1,105 @@
+"""The serving function every artifact is made from, and its explicit input signature."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from keras_posenc.export.errors import ExportError
+
+
+def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
+    """One named `tf.TensorSpec` per model input, with the sizes the model's inputs fix.
+
+    Axis 0 of an input is its batch and axis 1 its sequence: they stay dynamic where the
+    model leaves them so (`keras.Input((None, 8))`) and keep their size where it fixes
+    one (`keras.Input((16,))` is a sequence of 16; `keras.Input((4,))` four features, not
+    a sequence). Other axes must have a size. A rank-0 input, such as a decoding
+    `start_index`, stays a scalar.
+
+    Args:
+        model: a functional or `Sequential` Keras model (one with `model.inputs`).
+
+    Returns:
+        The specs in the order of `model.inputs`, named by the inputs' names.
+    """
+    inputs = _model_inputs(model)
+    specs = []
+    for tensor in inputs:
+        shape = list(tensor.shape)
+        if any(size is None for size in shape[2:]):
+            raise ExportError(
+                f"Input {tensor.name!r} has shape {tuple(tensor.shape)}; only the batch "
+                "(axis 0) and sequence (axis 1) may be unknown. Give the other axes a size "
+                "in keras.Input(shape=...)."
+            )
+        specs.append(tf.TensorSpec(shape, tf.as_dtype(tensor.dtype), name=tensor.name))
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ExportError(f"Model input names must be unique, got {names}.")
+    return specs
+
+
+def _model_inputs(model) -> list:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"Expected a keras.Model, got {type(model).__name__}.")
+    try:
+        inputs = model.inputs
+    except AttributeError:
+        inputs = None
+    if not inputs:
+        raise ExportError(
+            f"The model {model.name!r} has no inputs to export (a subclassed model, or one "
+            "that was never built). Export a functional model: "
+            "`inputs = keras.Input(shape=(None,), dtype='int32', name='token_ids')`, "
+            "`model = keras.Model(inputs, subclassed_model(inputs))`."
+        )
+    return list(inputs)
+
+
+def _named_outputs(model: keras.Model, outputs) -> dict[str, tf.Tensor]:
+    """The model's outputs as `{name: tensor}`: dict keys, else the model's output names."""
+    if isinstance(outputs, dict):
+        return dict(outputs)
+    flat = keras.tree.flatten(outputs)
+    names = list(getattr(model, "output_names", None) or [])  # Sequential models have none
+    if len(names) != len(flat) or len(set(names)) != len(names):
+        names = [f"output_{i}" for i in range(len(flat))]
+    return dict(zip(names, flat, strict=True))
+
+
+def _input_packer(model: keras.Model) -> Callable[[Sequence], Any]:
+    """Packs tensors given in the order of `model.inputs` into what `model` takes."""
+    try:
+        structure = model.input  # a functional model's own structure (list, dict, ...)
+    except AttributeError:  # a Sequential model: one input
+        structure = None
+    if isinstance(structure, (dict, list, tuple)):
+        return lambda tensors: keras.tree.pack_sequence_as(structure, list(tensors))
+    return lambda tensors: tensors[0] if len(tensors) == 1 else list(tensors)
+
+
+def serving_function(model: keras.Model) -> tf.types.experimental.GenericFunction:
+    """The model as a `tf.function` with an explicit named signature, returning `{name: tensor}`.
+
+    Args:
+        model: a functional or `Sequential` Keras model.
+
+    Returns:
+        A `tf.function` taking the inputs positionally in the order of `input_signature`.
+    """
+    specs = input_signature(model)
+    pack = _input_packer(model)
+
+    def serve(*tensors):
+        return _named_outputs(model, model(pack(tensors), training=False))
+
+    return tf.function(serve, input_signature=specs, autograph=False)
+
+
+def _all_layers(model: keras.Model) -> list:
+    """The model and every layer in it, nested ones included (Keras has no public walk)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
