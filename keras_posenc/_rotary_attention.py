@@ -89,8 +89,12 @@ def _dim(x: tf.Tensor, axis: int):
 
 
 def _columns(x: tf.Tensor, start, length) -> tf.Tensor:
-    """`x[:, start : start + length]` for a run-time `start` (a dynamic slice under XLA)."""
-    return tf.slice(x, tf.stack([0, start]), tf.stack([-1, length]))
+    """`x[:, start : start + length]` for a run-time `start`.
+
+    A gather, not `tf.slice(x, [0, start], [-1, length])`: XLA needs the begin of a slice
+    whose size is -1 at compile time, and would compile the step again for every start.
+    """
+    return tf.gather(x, start + tf.range(length), axis=1)
 
 
 def _written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:

@@ -322,7 +322,9 @@ COMPILE_COUNT = textwrap.dedent(
     import tensorflow as tf
     from keras_posenc import RotaryGroupQueryAttention
 
-    layer = RotaryGroupQueryAttention(8, 4, 2, rope_scaling={scaling})
+    layer = RotaryGroupQueryAttention(
+        8, 4, 2, rope_scaling={scaling}, positions_from_mask={from_mask}
+    )
     batch, max_length, steps = 2, 40, 30
     layer.build((batch, None, 16), (batch, None, 16))  # no variables made while tracing
 
@@ -332,26 +334,37 @@ COMPILE_COUNT = textwrap.dedent(
             tf.TensorSpec([batch, None, 16]),
             tf.TensorSpec([batch, 2, max_length, 2, 8]),
             tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([batch, max_length], tf.bool),
         ],
     )
-    def decode_step(tokens, cache, index):
-        return layer(tokens, tokens, use_causal_mask=True, cache=cache, cache_update_index=index)
+    def decode_step(tokens, cache, index, mask):
+        return layer(
+            tokens,
+            tokens,
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=index,
+            cache_mask=mask if {from_mask} else None,
+        )
 
     x = np.random.default_rng(0).normal(size=(batch, steps, 16)).astype(np.float32)
+    mask = tf.constant(np.arange(max_length)[None] >= np.array([[0], [3]]))  # row 1: padded
     cache = tf.zeros((batch, 2, max_length, 2, 8))
-    _, cache = decode_step(x[:, :4], cache, tf.constant(0))  # prefill
+    _, cache = decode_step(x[:, :4], cache, tf.constant(0), mask)  # prefill
     dumps = os.path.join(sys.argv[1], "*decode_step*before_optimizations.txt")
     after_prefill = len(glob.glob(dumps))
     for t in range(4, steps):
-        _, cache = decode_step(x[:, t : t + 1], cache, tf.constant(t))
+        _, cache = decode_step(x[:, t : t + 1], cache, tf.constant(t), mask)
     compiled = len(glob.glob(dumps))
     print(json.dumps([decode_step.experimental_get_tracing_count(), after_prefill, compiled]))
     """
 )
 
 
-@pytest.mark.parametrize("scaling", [None, DYNAMIC], ids=["plain", "dynamic"])
-def test_one_compiled_step_serves_the_whole_generation(tmp_path, scaling):
+@pytest.mark.parametrize(
+    "scaling, from_mask", [(None, False), (DYNAMIC, True)], ids=["plain", "dynamic-padded"]
+)
+def test_one_compiled_step_serves_the_whole_generation(tmp_path, scaling, from_mask):
     """Prefill and 26 decode steps: one trace; one XLA compilation per token count (4, 1)."""
     environment = {
         **os.environ,
@@ -360,7 +373,14 @@ def test_one_compiled_step_serves_the_whole_generation(tmp_path, scaling):
         "XLA_FLAGS": f"--xla_dump_to={tmp_path} --xla_dump_hlo_as_text",
     }
     result = subprocess.run(
-        [sys.executable, "-c", COMPILE_COUNT.replace("{scaling}", repr(scaling)), str(tmp_path)],
+        [
+            sys.executable,
+            "-c",
+            COMPILE_COUNT.replace("{scaling}", repr(scaling)).replace(
+                "{from_mask}", str(from_mask)
+            ),
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         env=environment,
