@@ -25,6 +25,7 @@ if keras.backend.backend() != "tensorflow":
         f"{keras.backend.backend()!r}. {_BACKEND_HINT}"
     )
 
+from keras_posenc.axes import grid_positions, multimodal_positions  # noqa: E402
 from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
 from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
 from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
@@ -46,6 +47,8 @@ __all__ = [
     "RotaryMultiHeadAttention",
     "SinusoidalInitializer",
     "SinusoidalPositionalEncoding",
+    "grid_positions",
     "inverse_frequencies",
+    "multimodal_positions",
     "sinusoidal_table",
 ]

@@ -70,11 +70,13 @@ def _start_index(start_index):
     return _tf.as_int32_positions(start_index)
 
 
-def checked_positions(positions, length, batch=None) -> tf.Tensor:
+def checked_positions(positions, length, batch=None, axes: int = 1) -> tf.Tensor:
     """`positions` as an integer tensor of shape `(length,)` or `(batch, length)`, values >= 0.
 
-    `batch`, when given, is the input's batch size, which `(batch, length)` positions must
-    match (a batch of 2 positions for 1 input would otherwise broadcast the output to 2).
+    With `axes > 1` each position is a coordinate per axis: `(length, axes)` or
+    `(batch, length, axes)`. `batch`, when given, is the input's batch size, which
+    per-row positions must match (a batch of 2 positions for 1 input would otherwise
+    broadcast the output to 2).
     """
     positions = tf.convert_to_tensor(positions)
     if not positions.dtype.is_integer:
@@ -82,20 +84,28 @@ def checked_positions(positions, length, batch=None) -> tf.Tensor:
             f"positions must be integers (int32 or int64), got dtype {positions.dtype.name}. "
             "Cast them with tf.cast(positions, 'int32')."
         )
-    if positions.shape.rank not in (1, 2):
+    rank = positions.shape.rank
+    if axes == 1 and rank not in (1, 2):
         raise ValueError(
             "positions must have shape (sequence,) or (batch, sequence), "
             f"got shape {positions.shape}."
         )
+    if axes > 1 and (rank not in (2, 3) or positions.shape[-1] != axes):
+        raise ValueError(
+            f"positions of a {axes}-axis encoding must have shape (sequence, {axes}) or "
+            f"(batch, sequence, {axes}): one coordinate per axis; got shape {positions.shape}. "
+            "keras_posenc.grid_positions makes them for a patch grid."
+        )
+    sequence_axis = -1 if axes == 1 else -2
     checks = check(
         lambda given, expected: given == expected,
-        [static_dim(positions, -1), length],
+        [static_dim(positions, sequence_axis), length],
         lambda given, expected: (
             f"positions cover {given} steps but the input sequence has "
             f"{expected}; give one position per step."
         ),
     )
-    if positions.shape.rank == 2 and batch is not None:
+    if rank == (2 if axes == 1 else 3) and batch is not None:
         checks += check(
             lambda given, expected: given == expected,
             [static_dim(positions, 0), batch],
@@ -136,6 +146,7 @@ def position_rows(
     mask=None,
     combine=as_rows,
     batch=None,
+    axes: int = 1,
 ):
     """`combine(*rows)` with the checked rows of `table` for a sequence of `length` steps.
 
@@ -151,16 +162,19 @@ def position_rows(
         combine: what the layer makes of the rows (`inputs + rows`, a rotation); it runs
             inside the table's runtime branches (see `PositionTable.slice`).
         batch: the input's batch size, which `(batch, sequence)` positions must match.
+        axes: the number of coordinates per position (`table` then takes `(..., axes)`).
     """
     if mask is not None and positions is None:
         positions, start_index = positions_from_mask(mask, start_index), 0
+        if axes > 1:  # padding: tokens of text, at the same position on every axis
+            positions = tf.stack([positions] * axes, -1)
     if positions is not None:
         if not (isinstance(start_index, (int, np.integer)) and start_index == 0):
             raise ValueError(
                 "Pass either `positions` or `start_index`, not both: "
                 "start_index=s means positions=range(s, s + sequence_length)."
             )
-        positions = checked_positions(positions, length, batch)
+        positions = checked_positions(positions, length, batch, axes)
         checks = check(
             lambda largest: largest < limit,
             [tf.reduce_max(positions)],

@@ -28,46 +28,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc.frequencies import as_rows, exact_sin_cos, inverse_frequencies
-
-_NUMBER = (int, float, np.integer, np.floating)
-
-# rope_type: (required keys, optional keys); "rope_type" itself (or the legacy "type") aside.
-ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "default": ((), ()),
-    "linear": (("factor",), ()),
-    "dynamic": (
-        ("factor", "max_position_embeddings"),
-        # Accepted and unused, as in transformers.
-        ("original_max_position_embeddings",),
-    ),
-    "yarn": (
-        (),
-        (
-            "factor",
-            "original_max_position_embeddings",
-            "max_position_embeddings",
-            "attention_factor",
-            "beta_fast",
-            "beta_slow",
-            "mscale",
-            "mscale_all_dim",
-            "truncate",
-        ),
-    ),
-    "llama3": (
-        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-        ("max_position_embeddings",),
-    ),
-    "longrope": (
-        ("short_factor", "long_factor"),
-        (
-            "factor",
-            "attention_factor",
-            "original_max_position_embeddings",
-            "max_position_embeddings",
-        ),
-    ),
-}
+from keras_posenc.scaling_keys import (  # noqa: F401  ROPE_TYPES, checked_scaling: re-exported
+    ROPE_TYPES,
+    check_shared_keys,
+    checked_scaling,
+    short_repr,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,61 +57,20 @@ class RopeParameters:
     dynamic_factor: float | None = None
 
 
-def _number(scaling: dict, key: str, rope_type: str, positive: bool = True) -> float:
-    value = scaling[key]
-    if isinstance(value, bool) or not isinstance(value, _NUMBER) or not math.isfinite(value):
-        raise ValueError(
-            f"scaling[{key!r}] for rope_type {rope_type!r} must be a number, got {value!r}."
-        )
-    if positive and value <= 0:
-        raise ValueError(
-            f"scaling[{key!r}] for rope_type {rope_type!r} must be > 0, got {value!r}."
-        )
-    return float(value)
+def _number(scaling: dict, key: str, rope_type: str) -> float:
+    # checked_scaling made the value a finite positive float.
+    return float(scaling[key])
 
 
 def _factors(scaling: dict, key: str, rotary_dim: int) -> np.ndarray:
     values = scaling[key]
-    if (
-        not isinstance(values, (list, tuple, np.ndarray))
-        or len(values) != rotary_dim // 2
-        or not all(isinstance(v, _NUMBER) and not isinstance(v, bool) and v > 0 for v in values)
-    ):
+    if len(values) != rotary_dim // 2:
         raise ValueError(
             f"scaling[{key!r}] for longrope must be a list of {rotary_dim // 2} positive numbers "
-            f"(one per channel pair of rotary_dim={rotary_dim}), got {values!r}."
+            f"(one per channel pair of rotary_dim={rotary_dim}), got {len(values)}: "
+            f"{short_repr(values)}."
         )
     return np.asarray(values, dtype=np.float64)
-
-
-def checked_scaling(scaling: dict | None) -> dict | None:
-    """`scaling` with its keys checked, `type` renamed `rope_type`; None for no scaling."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise TypeError(f"scaling must be a dict with a 'rope_type', got {scaling!r}.")
-    scaling = dict(scaling)
-    if "rope_type" not in scaling and "type" in scaling:
-        scaling["rope_type"] = scaling.pop("type")
-    rope_type = scaling.get("rope_type")
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"Unknown rope_type {rope_type!r} in scaling; expected one of {tuple(ROPE_TYPES)}."
-        )
-    required, optional = ROPE_TYPES[rope_type]
-    missing = [key for key in required if key not in scaling]
-    if missing:
-        raise ValueError(
-            f"scaling for rope_type {rope_type!r} is missing {missing}; it needs {list(required)} "
-            f"and accepts {list(optional)}."
-        )
-    unknown = sorted(set(scaling) - set(required) - set(optional) - {"rope_type"})
-    if unknown:
-        raise ValueError(
-            f"scaling for rope_type {rope_type!r} has unknown keys {unknown}; it needs "
-            f"{list(required)} and accepts {list(optional)}."
-        )
-    return scaling
 
 
 def _original_length(scaling: dict, rope_type: str) -> int:
@@ -180,6 +105,8 @@ def rope_parameters(rotary_dim: int, max_wavelength: float, scaling: dict | None
     """The inverse frequencies and attention factor that `scaling` defines."""
     omega = inverse_frequencies(rotary_dim, max_wavelength)
     scaling = checked_scaling(scaling)
+    if scaling is not None:
+        check_shared_keys(scaling, max_wavelength)
     rope_type = "default" if scaling is None else scaling["rope_type"]
     if rope_type == "default":
         return RopeParameters(omega)

@@ -26,12 +26,13 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_max_wavelength,
 )
+from keras_posenc.axes import AxesRows, AxisPairs, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
-    ROPE_TYPES,
     DynamicRows,
     SwitchByLength,
+    check_shared_keys,
     checked_scaling,
     dynamic_turns,
     rope_parameters,
@@ -104,6 +105,35 @@ def rotation_rows(rotary_dim: int, max_wavelength: float, layout: str, scaling: 
     return table
 
 
+def axes_rotation_rows(
+    rotary_dim: int,
+    max_wavelength: float,
+    layout: str,
+    scaling: dict | None,
+    axes_dims: tuple[int, ...] | None,
+    mrope_section: tuple[int, ...] | None,
+    mrope_interleaved: bool,
+) -> AxesRows:
+    """Rows `(C, S)` for coordinates `(..., axes)`: axial RoPE or M-RoPE (`keras_posenc.axes`)."""
+    if axes_dims is not None:
+        pairs = AxisPairs.axial(axes_dims, max_wavelength)
+    else:
+        parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
+        if parameters.switch_length is not None:
+            raise ValueError(
+                f"scaling of rope_type {scaling['rope_type']!r} switches frequencies by length, "
+                "which multi-axis RoPE does not do; use no scaling or a static one (linear, "
+                "yarn, llama3) with mrope_section."
+            )
+        pairs = AxisPairs.mrope(
+            parameters.inverse_frequencies,
+            mrope_section,
+            mrope_interleaved,
+            parameters.attention_factor,
+        )
+    return AxesRows(pairs.sin_cos, lambda sin, cos: _rotation_tables(layout, sin, cos), pairs.axes)
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE): rotates channel pairs by `position·ω_k`.
@@ -136,6 +166,17 @@ class RotaryEmbedding(keras.layers.Layer):
         positions_from_mask: when the input carries a padding mask `(batch, sequence)` and
             no `positions` are given, use `start_index + cumsum(mask) - 1` (clamped), so
             left-padded sequences rotate as if unpadded.
+        axes_dims: axial RoPE (FLUX, DINOv3, SAM): the rotated channels of each axis, in
+            order (even, summing to `rotary_dim`); each axis has its own frequencies
+            `max_wavelength^(-2k/axes_dims[a])`. Positions are then required,
+            `(sequence, axes)` or `(batch, sequence, axes)` (`keras_posenc.grid_positions`).
+        mrope_section: multimodal RoPE (Qwen2-VL): the channel pairs of each axis
+            `(time, height, width)`, summing to `rotary_dim / 2`; the frequencies stay
+            the 1D ones and each pair takes the coordinate of its axis. Positions
+            `(..., 3)` as `keras_posenc.multimodal_positions` makes them; a `start_index`
+            run (text) puts every axis at the same position, which is plain RoPE.
+        mrope_interleaved: with `mrope_section`, pairs take their axes interleaved
+            (`t h w t h w ...`, Qwen3-VL) instead of in chunks (Qwen2-VL).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -157,9 +198,21 @@ class RotaryEmbedding(keras.layers.Layer):
         feature_axis: int = -1,
         scaling: dict | None = None,
         positions_from_mask: bool = False,
+        axes_dims: tuple[int, ...] | None = None,
+        mrope_section: tuple[int, ...] | None = None,
+        mrope_interleaved: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if axes_dims is not None and mrope_section is not None:
+            raise ValueError("Give axes_dims (axial RoPE) or mrope_section (M-RoPE), not both.")
+        self.axes_dims = None if axes_dims is None else checked_axes_dims(axes_dims, rotary_dim)
+        self.mrope_section = (
+            None if mrope_section is None else checked_mrope_section(mrope_section, rotary_dim)
+        )
+        self.mrope_interleaved = checked_bool(mrope_interleaved, "mrope_interleaved")
+        if self.axes_dims is not None and scaling is not None:
+            raise ValueError("axes_dims (axial RoPE) takes no scaling; leave scaling None.")
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
         self.rotary_dim = (
@@ -168,6 +221,8 @@ class RotaryEmbedding(keras.layers.Layer):
         self.sequence_axis = checked_axis(sequence_axis, "sequence_axis")
         self.feature_axis = checked_axis(feature_axis, "feature_axis")
         self.scaling = checked_scaling(scaling)
+        if self.scaling is not None:
+            check_shared_keys(self.scaling, self.max_wavelength)  # rope_theta must agree
         self.positions_from_mask = checked_bool(positions_from_mask, "positions_from_mask")
         checked_float_policy(self)
         if self.rotary_dim is not None and self.rotary_dim <= _EARLY_CHECK_DIM:
@@ -211,7 +266,24 @@ class RotaryEmbedding(keras.layers.Layer):
         self._rotary_dim = rotary_dim
         self._built_rank = rank
         self._head_dim = head_dim
-        self._table = rotation_rows(rotary_dim, self.max_wavelength, self.layout, self.scaling)
+        if self.axes_dims is None and self.mrope_section is None:
+            self._axes = 1
+            self._table = rotation_rows(rotary_dim, self.max_wavelength, self.layout, self.scaling)
+        else:
+            if self.axes_dims is not None:
+                checked_axes_dims(self.axes_dims, rotary_dim)
+            else:
+                checked_mrope_section(self.mrope_section, rotary_dim)
+            self._table = axes_rotation_rows(
+                rotary_dim,
+                self.max_wavelength,
+                self.layout,
+                self.scaling,
+                self.axes_dims,
+                self.mrope_section,
+                self.mrope_interleaved,
+            )
+            self._axes = self._table.axes
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
@@ -231,7 +303,14 @@ class RotaryEmbedding(keras.layers.Layer):
             limit_hint="the rotation is exact only below that.",
             mask=mask if self.positions_from_mask else None,
             batch=static_dim(inputs, 0),
+            axes=self._axes,
         )
+        if self.axes_dims is not None and positions is None and not self.positions_from_mask:
+            raise ValueError(
+                f"Axial RoPE needs positions of shape (sequence, {self._axes}) or (batch, "
+                f"sequence, {self._axes}), one coordinate per axis; for a patch grid use "
+                "positions=keras_posenc.grid_positions(height, width)."
+            )
         outputs = rows(combine=rotate) if _tf.rows_fuse_into_rotation(form) else rotate(*rows())
         outputs.set_shape(inputs.shape)
         return outputs
@@ -269,44 +348,34 @@ class RotaryEmbedding(keras.layers.Layer):
         return tf.concat([rotate(rotated), passed], self._feature_axis)
 
     @classmethod
-    def from_transformers_config(cls, config, **kwargs) -> RotaryEmbedding:
+    def from_transformers_config(
+        cls, config, layer_type: str | None = None, **overrides
+    ) -> RotaryEmbedding:
         """The `RotaryEmbedding` a transformers model config describes.
 
         Args:
-            config: a dict (or an object with `to_dict()`) with `rope_theta`, `head_dim` or
-                `hidden_size` / `num_attention_heads`, optionally `partial_rotary_factor`,
-                `max_position_embeddings` and `rope_scaling` (transformers 4) or
-                `rope_parameters` (transformers 5).
-            **kwargs: further `RotaryEmbedding` arguments (`layout`, `name`, ...).
+            config: a transformers config or its dict (`config.json` of transformers 4 or 5,
+                or `to_dict()`); see `keras_posenc.transformers_config` for the families read.
+            layer_type: the layer type to read when the config has RoPE per layer type
+                (Gemma 3, ModernBERT: `"full_attention"` / `"sliding_attention"`).
+            **overrides: further `RotaryEmbedding` arguments (`name`, `sequence_axis`, ...),
+                or ones that replace what the config gives.
+
+        Example:
+
+        >>> llama31 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+        ...            "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        ...            "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                             "original_max_position_embeddings": 8192}}
+        >>> rope = RotaryEmbedding.from_transformers_config(llama31)
+        >>> rope.max_wavelength, rope.layout, rope.scaling["rope_type"]
+        (500000.0, 'half', 'llama3')
         """
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        parameters = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        theta = parameters.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
-        partial = parameters.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        head_dim = config.get("head_dim")
-        if head_dim is None:
-            try:
-                head_dim = config["hidden_size"] // config["num_attention_heads"]
-            except KeyError as error:
-                raise ValueError(
-                    "The config needs 'head_dim' or 'hidden_size' and 'num_attention_heads'."
-                ) from error
-        rotary_dim = int(head_dim * partial)
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-        scaling = None
-        if rope_type != "default":
-            scaling = parameters
-            required, optional = ROPE_TYPES.get(rope_type, ((), ()))
-            for key in ("max_position_embeddings", "original_max_position_embeddings"):
-                if key in config and key not in scaling and key in required + optional:
-                    scaling[key] = config[key]
-        return cls(
-            max_wavelength=theta,
-            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
-            scaling=scaling,
-            **kwargs,
-        )
+        from keras_posenc.transformers_config import rotary_arguments
+
+        arguments = rotary_arguments(config, layer_type, layout=overrides.get("layout"))
+        return cls(**{**arguments, **overrides})
 
     def inverse_frequencies(self, total_length: int | None = None) -> np.ndarray:
         """The `ω` this layer rotates with when the total length is `total_length`.
@@ -350,6 +419,9 @@ class RotaryEmbedding(keras.layers.Layer):
                 "feature_axis": self.feature_axis,
                 "scaling": self.scaling,
                 "positions_from_mask": self.positions_from_mask,
+                "axes_dims": self.axes_dims,
+                "mrope_section": self.mrope_section,
+                "mrope_interleaved": self.mrope_interleaved,
             }
         )
         return config

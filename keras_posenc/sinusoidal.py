@@ -13,8 +13,10 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_int,
     checked_max_wavelength,
+    checked_positive_int,
 )
 from keras_posenc._tf import add_rounded_once
+from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
     FREQUENCY_SPACINGS,
     MAX_POSITIONS,
@@ -54,6 +56,20 @@ def encoding_table(
             lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
         ),
     )
+
+
+def axes_encoding_rows(
+    width: int, axes: int, max_wavelength: float, layout: str, frequency_spacing: str
+) -> AxesRows:
+    """Rows `[encode(axis 0), encode(axis 1), ...]` of `width / axes` channels each."""
+    omega = inverse_frequencies(width // axes, max_wavelength, frequency_spacing)
+    pairs = AxisPairs(np.tile(omega, axes), np.repeat(np.arange(axes), len(omega)))
+
+    def make_rows(sin, cos):
+        blocks = zip(tf.split(sin, axes, -1), tf.split(cos, axes, -1), strict=True)
+        return (tf.concat([_LAYOUT_FUNCTIONS[layout](s, c) for s, c in blocks], -1),)
+
+    return AxesRows(pairs.sin_cos, make_rows, axes)
 
 
 def sinusoidal_table(
@@ -144,6 +160,12 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         frequency_spacing: `"vaswani"` (`ω_k = max_wavelength^(-2k/width)`, the paper) or
             `"tensor2tensor"` (`max_wavelength^(-k/(width/2 - 1))`: the last pair reaches
             exactly `1/max_wavelength`; tensor2tensor, fairseq, Whisper).
+        axes: the coordinates per position (2 for image patches, 3 for video): the width
+            is split evenly, each axis its own encoding of `width / axes` channels
+            (`[encode(axis 0), encode(axis 1), ...]`; MAE's 2D table is
+            `layout="concat"` with positions `(column, row)`). Positions are then
+            required, `(sequence, axes)` or `(batch, sequence, axes)` (see
+            `keras_posenc.grid_positions`).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -161,9 +183,11 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         max_wavelength: float = 10000.0,
         layout: str = "interleaved",
         frequency_spacing: str = "vaswani",
+        axes: int = 1,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.axes = checked_positive_int(axes, "axes")
         self.max_wavelength = checked_max_wavelength(max_wavelength)
         self.layout = checked_choice("layout", layout, LAYOUTS)
         self.frequency_spacing = checked_choice(
@@ -180,13 +204,29 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             )
         width = checked_even_width(input_shape[-1], "the input width (last axis)")
         self._table_width = width
-        self._table = encoding_table(
-            width, self.max_wavelength, self.layout, self.frequency_spacing
-        )
+        if self.axes == 1:
+            self._table = encoding_table(
+                width, self.max_wavelength, self.layout, self.frequency_spacing
+            )
+        elif width % (2 * self.axes):
+            raise ValueError(
+                f"A {self.axes}-axis encoding splits the width evenly into sin/cos pairs per "
+                f"axis: the width must be a multiple of {2 * self.axes}, got {width}."
+            )
+        else:
+            self._table = axes_encoding_rows(
+                width, self.axes, self.max_wavelength, self.layout, self.frequency_spacing
+            )
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
         checked_call_input(self, inputs, 3, {-1: self._table_width})
+        if self.axes > 1 and positions is None:
+            raise ValueError(
+                f"A {self.axes}-axis encoding needs positions of shape (sequence, {self.axes}) "
+                f"or (batch, sequence, {self.axes}), one coordinate per axis; for a patch grid "
+                "use positions=keras_posenc.grid_positions(height, width)."
+            )
         outputs = position_rows(
             self._table,
             static_dim(inputs, 1),
@@ -196,6 +236,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             limit_hint="the encoding is exact only below that.",
             combine=lambda encoding: add_rounded_once(inputs, encoding),
             batch=static_dim(inputs, 0),
+            axes=self.axes,
         )
         # The rows' own shapes are not always static (rows chosen at run time): keep the
         # input's, so that a layer after this one (an Einsum) converts without Flex ops.
@@ -212,6 +253,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
                 "max_wavelength": self.max_wavelength,
                 "layout": self.layout,
                 "frequency_spacing": self.frequency_spacing,
+                "axes": self.axes,
             }
         )
         return config

@@ -200,46 +200,6 @@ def test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph():
         assert np.abs(jit(x, tf.constant(start)).numpy() - want).max() <= tolerance, start
 
 
-def test_from_transformers_config_llama31_and_partial_rotary():
-    llama = {
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 131072,
-        # the legacy "type" key, as older Llama configs have it
-        "rope_scaling": {
-            "type": "llama3",
-            **{k: v for k, v in LLAMA31.items() if k != "rope_type"},
-        },
-    }
-    layer = RotaryEmbedding.from_transformers_config(llama)
-    layer.build((None, None, 32, 128))
-    np.testing.assert_allclose(
-        layer.inverse_frequencies(), llama3_omega(500000.0, 8.0, 1.0, 4.0, 8192), rtol=1e-12
-    )
-    assert layer.max_wavelength == 500000.0 and layer.rotary_dim is None
-
-    neox = {  # transformers 5 style: everything under rope_parameters
-        "hidden_size": 512,
-        "num_attention_heads": 8,
-        "max_position_embeddings": 2048,
-        "rope_parameters": {
-            "rope_type": "dynamic",
-            "factor": 2.0,
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-        },
-    }
-    layer = RotaryEmbedding.from_transformers_config(neox)
-    assert layer.rotary_dim == 16
-    assert layer.scaling == {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 2048}
-    x = np.random.default_rng(3).uniform(-1, 1, (1, 5, 8, 64)).astype(np.float32)
-    y = layer(x).numpy()
-    np.testing.assert_array_equal(y[..., 16:], x[..., 16:])
-    want = rotate_half_reference(x[..., :16], np.arange(5), plain_omega(10000.0, 16))
-    assert np.abs(y[..., :16] - want).max() <= 1e-6
-
-
 @pytest.mark.parametrize(
     "scaling, message",
     [
@@ -364,3 +324,151 @@ def test_scaling_exports_to_saved_model_and_onnx_and_verifies(tmp_path, scaling,
             repeats=1,
         )
         assert report["passed"], report
+
+
+# Issue 11 item 4: values a scaling dict must refuse, at construction, with a short message
+# that names the key (before: silently used, or "can't multiply sequence by non-int",
+# "math domain error", "unhashable type: 'list'").
+YARN_DEEPSEEK = {**DEEPSEEK_YARN}
+BAD_VALUES = [
+    ({**YARN, "attention_factor": float("nan")}, "attention_factor"),
+    ({**YARN, "attention_factor": float("inf")}, "attention_factor"),
+    ({**YARN, "attention_factor": 0.0}, "attention_factor"),
+    ({**YARN, "attention_factor": -1.0}, "attention_factor"),
+    ({**YARN, "attention_factor": "1.0"}, "attention_factor"),
+    ({**LONGROPE, "attention_factor": float("inf")}, "attention_factor"),
+    ({**LONGROPE, "attention_factor": -0.5}, "attention_factor"),
+    ({**YARN_DEEPSEEK, "mscale": float("nan")}, "mscale"),
+    ({**YARN_DEEPSEEK, "mscale": -1.0}, "mscale"),
+    ({**YARN_DEEPSEEK, "mscale_all_dim": float("inf")}, "mscale_all_dim"),
+    ({"rope_type": "linear", "factor": float("inf")}, "factor"),
+    ({"rope_type": "linear", "factor": 0}, "factor"),
+    ({"rope_type": "dynamic", "factor": -2.0, "max_position_embeddings": 64}, "factor"),
+    ({**LLAMA31, "low_freq_factor": float("inf")}, "low_freq_factor"),
+    ({**LLAMA31, "high_freq_factor": 0.0}, "high_freq_factor"),
+    ({**YARN, "factor": float("inf")}, "factor"),
+    ({**YARN, "beta_fast": float("inf")}, "beta_fast"),
+    ({**YARN, "beta_slow": -1}, "beta_slow"),
+    ({**LLAMA31, "original_max_position_embeddings": 8192.5}, "original_max_position_embeddings"),
+    ({**YARN, "original_max_position_embeddings": 4096.5}, "original_max_position_embeddings"),
+    ({**LONGROPE, "original_max_position_embeddings": "4096"}, "original_max_position_embeddings"),
+    ({**LONGROPE, "max_position_embeddings": 0}, "max_position_embeddings"),
+    ({"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64.5}, "max_position"),
+    # lists (and other types) where a number, a string or a bool belongs
+    ({"rope_type": "linear", "factor": [2.0]}, "factor"),
+    ({**YARN, "beta_fast": [32]}, "beta_fast"),
+    ({**YARN_DEEPSEEK, "mscale": [1.0]}, "mscale"),
+    ({**LLAMA31, "original_max_position_embeddings": [8192]}, "original_max_position"),
+    ({**YARN, "rope_type": ["yarn"]}, "rope_type"),
+    ({**YARN, "truncate": "no"}, "truncate"),
+    ({**LONGROPE, "short_factor": "1.0"}, "short_factor"),
+    ({**LONGROPE, "short_factor": [[1.0] * PAIRS]}, "short_factor"),
+    ({**LONGROPE, "short_factor": [[1.0], [1.0, 2.0]] * (PAIRS // 2)}, "short_factor"),
+    ({**LONGROPE, "short_factor": np.ones((PAIRS, 1))}, "short_factor"),
+    ({**LONGROPE, "long_factor": ["1.0"] * PAIRS}, "long_factor"),
+    ({**LONGROPE, "long_factor": [1.0] * (PAIRS - 1) + [float("nan")]}, "long_factor"),
+    ({**LONGROPE, "long_factor": [1.0] * (PAIRS - 1) + [0.0]}, "long_factor"),
+    ({**LONGROPE, "long_factor": [True] * PAIRS}, "long_factor"),
+    ({**YARN, "type": "linear"}, "'type'"),
+]
+
+
+@pytest.mark.parametrize(
+    "scaling, key", BAD_VALUES, ids=[f"{i}-{key}" for i, (_, key) in enumerate(BAD_VALUES)]
+)
+def test_bad_scaling_values_are_refused_at_construction(scaling, key):
+    with pytest.raises(ValueError, match=key) as error:
+        RotaryEmbedding(scaling=scaling)
+    assert len(str(error.value)) < 400
+    with pytest.raises(ValueError, match=key):
+        RotaryEmbedding(rotary_dim=HEAD_DIM, scaling=scaling)
+
+
+def test_messages_about_huge_lists_stay_short():
+    huge = [1.0] * 10**6
+    for scaling in (
+        {**LONGROPE, "long_factor": huge},  # wrong length, found at build
+        {**LONGROPE, "long_factor": huge[:-1] + ["x"]},  # wrong type, found at construction
+        {"rope_type": "linear", "factor": huge},
+    ):
+        with pytest.raises(ValueError) as error:
+            layer_for(scaling, 10000.0)
+        assert len(str(error.value)) < 400, len(str(error.value))
+
+
+def test_legacy_type_next_to_rope_type_is_accepted_when_they_agree():
+    # transformers 5's to_dict() keeps both.
+    both = {**LLAMA31, "type": "llama3"}
+    layer = layer_for(both, 500000.0)
+    assert layer.scaling == LLAMA31
+    np.testing.assert_allclose(
+        layer.inverse_frequencies(), llama3_omega(500000.0, 8.0, 1.0, 4.0, 8192), rtol=1e-12
+    )
+
+
+def test_longrope_factors_as_numpy_arrays_work_through_a_keras_file(tmp_path):
+    scaling = {
+        **LONGROPE,
+        "short_factor": np.array(SHORT, np.float32),
+        "long_factor": np.array(LONG),
+        "original_max_position_embeddings": np.int64(4096),
+        "max_position_embeddings": np.int32(131072),
+    }
+    inputs = keras.Input((None, 2, HEAD_DIM))
+    outputs = RotaryEmbedding(scaling=scaling, name="rope")(inputs, start_index=5000)
+    model = keras.Model(inputs, outputs)
+    path = tmp_path / "rope.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    stored = loaded.get_layer("rope").scaling
+    assert stored["long_factor"] == LONG and isinstance(stored["long_factor"][0], float)
+    np.testing.assert_array_equal(stored["short_factor"], np.float32(SHORT).tolist())
+    x = np.random.default_rng(8).uniform(-1, 1, (1, 3, 2, HEAD_DIM)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())
+    want = rotate_half_reference(
+        x,
+        np.arange(5000, 5003),
+        plain_omega(10000.0) / np.array(LONG),
+        math.sqrt(1 + math.log(32) / math.log(4096)),
+    )
+    assert np.abs(loaded(x).numpy() - want).max() <= 1e-6
+
+
+def test_numpy_scalars_in_scaling_are_stored_as_plain_numbers(tmp_path):
+    scaling = {"rope_type": "linear", "factor": np.float32(2.0)}
+    inputs = keras.Input((None, 2, 16))
+    model = keras.Model(inputs, RotaryEmbedding(scaling=scaling, name="rope")(inputs))
+    model.save(tmp_path / "rope.keras")
+    loaded = keras.models.load_model(tmp_path / "rope.keras")
+    assert loaded.get_layer("rope").scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+# Issue 16: a transformers 5 `rope_parameters` dict is a valid `scaling` as it is. Its
+# `rope_theta` must agree with max_wavelength (never replaces it silently); a
+# `partial_rotary_factor` other than 1 is refused (the layer cannot see the head size).
+def test_transformers5_rope_parameters_is_accepted_as_scaling():
+    parameters = {**LLAMA31, "rope_theta": 500000.0, "partial_rotary_factor": 1.0}
+    layer = layer_for(parameters, 500000.0)
+    np.testing.assert_allclose(
+        layer.inverse_frequencies(), llama3_omega(500000.0, 8.0, 1.0, 4.0, 8192), rtol=1e-12
+    )
+    x = np.random.default_rng(9).uniform(-1, 1, (1, 4, 2, HEAD_DIM)).astype(np.float32)
+    np.testing.assert_array_equal(layer(x).numpy(), layer_for(LLAMA31, 500000.0)(x).numpy())
+    default = layer_for({"rope_type": "default", "rope_theta": 10000.0}, 10000.0)
+    np.testing.assert_allclose(default.inverse_frequencies(), plain_omega(10000.0), rtol=1e-12)
+    clone = RotaryEmbedding.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({**LLAMA31, "rope_theta": 500000.0}, "max_wavelength=500000.0"),
+        ({"rope_type": "default", "rope_theta": 1e6}, "max_wavelength=1000000.0"),
+        ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}, "rotary_dim"),
+        ({"rope_type": "linear", "factor": 2.0, "rope_theta": 0.0}, "rope_theta"),
+    ],
+)
+def test_rope_parameters_disagreeing_with_the_layer_are_refused(parameters, message):
+    with pytest.raises(ValueError, match=message):
+        layer_for(parameters, 10000.0)
