@@ -59,6 +59,18 @@ def reference_omega(rope_dim: int, base: float, scaling: dict | None, total_leng
                 smooth = (original / wavelength - low) / (high - low)
                 out.append((1 - smooth) * w / factor + smooth * w)
         return np.array(out), 1.0
+    if kind == "linear":
+        return plain / scaling["factor"], 1.0
+    if kind == "yarn":
+        factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+
+        def dim_for(rotations):
+            return rope_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = max(math.floor(dim_for(32)), 0), min(math.ceil(dim_for(1)), rope_dim - 1)
+        high = high + 0.001 if low == high else high
+        ramp = np.clip((np.arange(pairs) - low) / (high - low), 0.0, 1.0)
+        return plain / factor * ramp + plain * (1 - ramp), 0.1 * math.log(factor) + 1.0
     if kind == "dynamic":
         factor, most = scaling["factor"], scaling["max_position_embeddings"]
         length = max(total_length, most)
@@ -138,6 +150,8 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8,
 }
+LINEAR = {"rope_type": "linear", "factor": 3.0}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": SWITCH}
 LONGROPE = {
     "rope_type": "longrope",
@@ -192,6 +206,8 @@ CASES = {
     "gqa-interleaved": Case(2, "interleaved"),
     "gqa-llama3-padded": Case(2, scaling=LLAMA3, padding="mask"),
     "gqa-partial-positions": Case(2, rope_dim=4, padding="positions"),
+    "mha-linear": Case(QUERY_HEADS, scaling=LINEAR),
+    "gqa-yarn-padded": Case(2, "interleaved", scaling=YARN, padding="mask"),
     "gqa-dynamic": Case(2, scaling=DYNAMIC),
     "gqa-dynamic-padded": Case(2, scaling=DYNAMIC, padding="mask"),
     "mqa-longrope-padded": Case(1, "interleaved", scaling=LONGROPE, padding="positions"),
