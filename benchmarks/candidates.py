@@ -1,222 +1,196 @@
-"""What is timed: our layers, their keras_hub peers and the floor, as zero-argument calls.
+"""Each layer on each input shape and start, eagerly, in `tf.function` and in
+`tf.function(jit_compile=True)` (`xla`), float32, as four candidates doing the same job on
+the same input (`benchmarks/candidates.py`):
 
-Every candidate of a case does the same job on the same input:
-
-- `floor`: the least work that gives the answer, with the position rows as constants of
-  the table's shape (built on the host in float64, rounded once to float32):
-  `x + c` for the additive layers; `x·C + swap(x)·S` for rotary, which is
-  `x·cos + rotate_half(x)·sin` with the sign of `rotate_half` folded into `S` and the
-  halves swapped the cheapest way we found for each mode and size (the package's
-  `swap_pairs`, which picks its form by measurement).
-- `ours`: the keras_posenc layer, `layer(x, start_index=s)`.
+- `floor`: the least work that gives the answer, the rows for the call's positions as
+  float32 constants (float64 from `tests/reference.py`, rounded once): `x + c`; for rotary
+  `x·C + swap(x)·S` (half layout, the sign of rotate-half folded into `S`), its swap written
+  in the benchmark in five forms (last table); per shape and mode the fastest of them in a
+  short interleaved trial is the floor, so a swap the package chose badly shows against it.
+- `ours`: `SinusoidalPositionalEncoding()`, `RotaryEmbedding()`,
+  `LearnedPositionalEmbedding(1024)`, called as `layer(x, start_index=s)`.
 - `keras_hub`: `x + SinePositionEncoding()(x, start_index=s)`,
-  `RotaryEmbedding()(x, start_index=s)`, `x + PositionEmbedding(L)(x, start_index=s)`
-  (with the same table as ours).
-- `control`: the floor again, as a separate candidate. Identical work, so its ratio to
-  the floor is the measurement noise of that row.
+  `RotaryEmbedding()(x, start_index=s)`, `x + PositionEmbedding(1024)(x, start_index=s)`
+  (holding our learned table).
+- `control`: the floor again, as its own candidate: identical work, so `control/floor` is
+  the noise of that row.
 
-A start given as a tensor is an argument of the traced function (a runtime value, as in
-decoding with a cache); a Python int start is baked into the trace. The floor ignores the
-start: its rows are already the right ones.
+Starts: the Python int 0 (baked into the trace); a runtime scalar int32 tensor (7, or 0 for
+4096-long sequences), an argument of the traced function as in decoding with a cache; and a
+tensor 5000 (†), past the 4096 cached rows, where our layers compute the rows exactly:
+reported, not held to the floor. `err` is the max |output − float64 reference| of each
+candidate. After the rounds every tensor-start case in tf.function and XLA is called with a
+new start twice, to see whether a new value compiles again.
+
+The additive floor is a broadcasting add, as in our layers. keras_hub's layers broadcast
+the rows first (`broadcast_to`, which the graph optimizer folds into a batch-sized constant
+when shapes are static), which is where keras_hub can be ahead in tf.function with a Python
+start. Broadcasting first is no general win: `benchmarks/broadcast_add.py` (in git at
+f084267), rerun 2026-12-01 on the shared 2-core machine over five sizes from (1, 16, 64) to
+(16, 512, 512), put it at 0.83-1.46x the broadcasting add in tf.function and 1.09-1.51x
+eagerly; folded, it is a batch-sized constant in every static-shape graph and ONNX file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import reference, timing
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from keras_posenc.frequencies import CACHED_POSITIONS, HostConstant
-from keras_posenc.rotary import swap_pairs
+from keras_posenc.frequencies import CACHED_POSITIONS
 
 LAYERS = ("sinusoidal", "rotary", "learned")
 MODES = ("eager", "function", "xla")
-
 MAX_WAVELENGTH = 10000.0
-LEARNED_MAX_LENGTH = 1024
 TINY_SHAPE = (1, 16, 64)
-# A small nonzero start keeps a run inside the cached rows but off row 0; the large one
-# runs past them, onto the exact computed path (reported, not held to the targets).
-SMALL_START = 7
-PAST_CACHE_START = 5000
-
-
-@dataclasses.dataclass(frozen=True)
-class Start:
-    """The first position of a call: a Python int, or a runtime scalar int32 tensor."""
-
-    value: int
-    as_tensor: bool
-
-    @property
-    def label(self) -> str:
-        return f"tensor {self.value}" if self.as_tensor else f"int {self.value}"
-
-
-INT_ZERO = Start(0, as_tensor=False)
-TENSOR_PAST_CACHE = Start(PAST_CACHE_START, as_tensor=True)
-
-
-def _starts(shape: tuple[int, ...], past_cache: bool = True) -> tuple[Start, ...]:
-    # The runtime start stays inside the cached rows: 7, or less for long sequences.
-    small = Start(min(SMALL_START, CACHED_POSITIONS - shape[1]), as_tensor=True)
-    return (INT_ZERO, small, TENSOR_PAST_CACHE) if past_cache else (INT_ZERO, small)
-
-
-# (layer, input shape, starts); the tiny shape measures the cost of one call.
-PLAN = tuple(
-    (layer, shape, _starts(shape, past_cache))
-    for layer, shape, past_cache in (
-        ("sinusoidal", (8, 512, 512), True),
-        ("sinusoidal", (1, 4096, 1024), True),
-        ("sinusoidal", (32, 128, 256), True),
-        ("sinusoidal", TINY_SHAPE, False),
-        ("rotary", (8, 512, 8, 64), True),
-        ("rotary", (1, 4096, 32, 128), True),
-        ("rotary", TINY_SHAPE, False),
-        ("learned", (8, 512, 512), False),
-        ("learned", TINY_SHAPE, False),
-    )
+# float32 arithmetic on values of size about 1 rounds by a few 1e-8: 1e-6 catches any
+# real loss of precision, in a candidate and in a floor form alike.
+PRECISION_BOUND = 1e-6
+FORM_TRIAL_ROUNDS = 9
+# (layer, input shape, whether to run past the cached rows); the tiny shape measures the
+# cost of one call (rotary: 16 positions of 64 channels, rank 3).
+PLAN = (
+    ("sinusoidal", (8, 512, 512), True),
+    ("sinusoidal", (1, 4096, 1024), True),
+    ("sinusoidal", (32, 128, 256), True),
+    ("sinusoidal", TINY_SHAPE, False),
+    ("rotary", (8, 512, 8, 64), True),
+    ("rotary", (1, 4096, 32, 128), True),
+    ("rotary", TINY_SHAPE, False),
+    ("learned", (8, 512, 512), False),
+    ("learned", TINY_SHAPE, False),
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One row of the table: a layer on one input shape, with one kind of start, in one mode."""
+    """One row of the table: a layer on one input shape, from one start, in one mode."""
 
     layer: str
     shape: tuple[int, ...]
-    start: Start
+    start: int
+    tensor_start: bool  # a runtime scalar tensor, or a Python int baked into the trace
     mode: str
 
     @property
-    def tiny(self) -> bool:
-        return self.shape == TINY_SHAPE
+    def start_label(self) -> str:
+        return f"{'tensor' if self.tensor_start else 'int'} {self.start}"
 
     @property
     def past_cache(self) -> bool:
         """Whether the run leaves the cached rows (our layers then compute them exactly)."""
-        return self.layer != "learned" and self.start.value + self.shape[1] > CACHED_POSITIONS
+        return self.layer != "learned" and self.start + self.shape[1] > CACHED_POSITIONS
 
 
 @dataclasses.dataclass
 class Prepared:
-    """A case's candidates as zero-argument calls, and each one's error against float64."""
+    """A case's candidates as calls without arguments, and each one's error against float64."""
 
     case: Case
     calls: dict[str, Callable[..., tf.Tensor]]
     max_abs_error: dict[str, float]
+    floor_form: str | None = None  # the rotary floor's swap form
+    form_medians: dict[str, float] | None = None  # seconds of every form in its trial
 
 
 def cases(layers=LAYERS, modes=MODES) -> list[Case]:
-    return [
-        Case(layer, shape, start, mode)
-        for layer, shape, starts in PLAN
-        if layer in layers
-        for start in starts
-        for mode in modes
-    ]
+    selected = []
+    for layer, shape, past_cache in PLAN:
+        starts = [(0, False), (min(7, CACHED_POSITIONS - shape[1]), True)]
+        starts += [(5000, True)] if past_cache else []
+        if layer in layers:
+            selected += [Case(layer, shape, *start, mode) for start in starts for mode in modes]
+    return selected
 
 
-# --- float64 references, written from the formulas (independent of keras_posenc) ---
+def _constant(array: np.ndarray) -> Callable[[], tf.Tensor]:
+    """`array` in float32: a graph constant when traced (foldable), one cached tensor eagerly."""
+    array = array.astype(np.float32)
+    eager = tf.constant(array)
+    return lambda: eager if tf.executing_eagerly() else tf.constant(array)
 
 
-def _angles(positions: np.ndarray, dim: int) -> np.ndarray:
-    omega = MAX_WAVELENGTH ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
-    return np.multiply.outer(positions.astype(np.float64), omega)
+def rotary_forms(shape: tuple[int, ...], positions: np.ndarray) -> dict[str, Callable]:
+    """`x·C + swap(x)·S` (half layout, last axis) per swap form: `{form: body(x, start)}`.
+
+    `C = [cos, cos]`, `S = [-sin, sin]`; `"halves"` is the same sum per half, on half tables.
+    """
+    width, half = shape[-1], shape[-1] // 2
+    theta = reference.angles(positions, width, MAX_WAVELENGTH)
+    theta = theta.reshape(theta.shape[:1] + (1,) * (len(shape) - 3) + theta.shape[1:])
+    cos, sin = np.cos(theta), np.sin(theta)
+    c, s = _constant(cos), _constant(sin)
+    big_c, big_s = _constant(np.tile(cos, 2)), _constant(np.concatenate([-sin, sin], -1))
+    paired, permutation = [*shape[:-1], 2, half], np.r_[half:width, 0:half].astype(np.int32)
+
+    def swapped(swap):
+        return lambda x, start: x * big_c() + swap(x) * big_s()
+
+    def halves(x, start):
+        first, second = tf.split(x, 2, axis=-1)
+        return tf.concat([first * c() - second * s(), second * c() + first * s()], -1)
+
+    return {
+        "roll": swapped(lambda x: tf.roll(x, half, axis=-1)),
+        "concat": swapped(lambda x: tf.concat([x[..., half:], x[..., :half]], -1)),
+        "reverse": swapped(lambda x: tf.reshape(tf.reverse(tf.reshape(x, paired), [-2]), shape)),
+        "gather": swapped(lambda x: tf.gather(x, permutation, axis=-1)),
+        "halves": halves,
+    }
 
 
-def sinusoidal_rows(positions: np.ndarray, width: int) -> np.ndarray:
-    """Interleaved encoding: `p[i, 2k] = sin(i·ω_k)`, `p[i, 2k+1] = cos(i·ω_k)`, float64."""
-    angles = _angles(positions, width)
-    rows = np.empty((len(positions), width))
-    rows[:, 0::2] = np.sin(angles)
-    rows[:, 1::2] = np.cos(angles)
-    return rows
-
-
-def rotary_tables(positions: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-split RoPE `(cos, sin)` per channel (channel `k` pairs with `k + dim/2`), float64."""
-    angles = _angles(positions, dim)
-    return np.tile(np.cos(angles), 2), np.tile(np.sin(angles), 2)
-
-
-def rotate_half(x: np.ndarray) -> np.ndarray:
-    half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-# --- the floors ---
-
-
-def _table_shape(rows: np.ndarray, input_rank: int) -> np.ndarray:
-    # (sequence, dim) -> (sequence, 1, dim) against (batch, sequence, heads, dim).
-    return rows.reshape(rows.shape[:1] + (1,) * (input_rank - 3) + rows.shape[1:])
-
-
-def _compiled(body, mode: str, x: tf.Tensor, start: Start) -> Callable[..., tf.Tensor]:
+def compiled(body: Callable, case: Case, x: tf.Tensor) -> Callable[..., tf.Tensor]:
     """`body(x, start)` as a call without arguments, eagerly or as a (jit-compiled) tf.function.
 
-    With a tensor start the call also takes another start tensor (to see whether a new
-    value compiles again).
+    `x` is an argument, never a captured constant XLA could fold. With a tensor start the
+    call takes another start tensor too (to see whether a new value compiles again).
     """
-    jit_compile = mode == "xla"
-    if start.as_tensor:
-        start_tensor = tf.constant(start.value, tf.int32)
-        if mode == "eager":
-            return lambda other=start_tensor: body(x, other)
-        function = tf.function(body, jit_compile=jit_compile)
-        return lambda other=start_tensor: function(x, other)
-    value = start.value
-    if mode == "eager":
-        return lambda: body(x, value)
-    function = tf.function(lambda inputs: body(inputs, value), jit_compile=jit_compile)
+    wrap = (lambda f: f) if case.mode == "eager" else tf.function(jit_compile=case.mode == "xla")
+    if case.tensor_start:
+        function, start = wrap(body), tf.constant(case.start, tf.int32)
+        return lambda other=start: function(x, other)
+    function = wrap(lambda inputs: body(inputs, case.start))
     return lambda: function(x)
 
 
-def floor_and_reference(layer: str, x_host: np.ndarray, start: Start, ours) -> tuple:
-    """The floor's `body(x, start)` (the same in every mode) and the float64 reference output.
+def _error(call: Callable[..., tf.Tensor], expected: np.ndarray) -> float:
+    return float(np.max(np.abs(call().numpy().astype(np.float64) - expected)))
 
-    `ours` gives the learned layer's table (the same rows for every candidate).
-    """
-    shape = x_host.shape
-    width = shape[-1]
-    positions = np.arange(start.value, start.value + shape[1])
-    x64 = x_host.astype(np.float64)
-    if layer == "rotary":
-        cos, sin = rotary_tables(positions, width)
-        cos, sin = _table_shape(cos, len(shape)), _table_shape(sin, len(shape))
-        reference = x64 * cos + rotate_half(x64) * sin
-        sign = np.concatenate([-np.ones(width // 2), np.ones(width // 2)])
-        cos_table = HostConstant(cos.astype(np.float32))
-        sin_table = HostConstant((sin * sign).astype(np.float32))
 
-        def rotate(x, s):
-            return x * cos_table.tensor() + swap_pairs(x, "half") * sin_table.tensor()
+def fastest_form(x: tf.Tensor, mode: str, min_sample: float) -> tuple[str, dict[str, float]]:
+    """The rotary floor's form for `x` in `mode`: the least median in interleaved rounds
+    among the forms within `PRECISION_BOUND`; and every such form's median (s)."""
+    positions = np.arange(x.shape[1])
+    expected = reference.rotary(x.numpy(), positions, MAX_WAVELENGTH)
+    case = Case("rotary", tuple(x.shape), 0, False, mode)
+    trial = {}
+    for name, body in rotary_forms(case.shape, positions).items():
+        call = compiled(body, case, x)
+        if _error(call, expected) <= PRECISION_BOUND:
+            trial[name] = timing.Timed(call)
+            timing.warm_up(trial[name], min_sample)
+    timing.run_rounds([list(trial.values())], FORM_TRIAL_ROUNDS, progress=False)
+    medians = {name: statistics.median(t.samples) for name, t in trial.items()}
+    return min(medians, key=medians.get), medians
 
-        return rotate, reference
+
+def _layers(layer: str, hub) -> tuple:
+    """Our layer and keras_hub's peer (None without keras_hub), unbuilt."""
     if layer == "sinusoidal":
-        rows = sinusoidal_rows(positions, width)
-    else:
-        rows = ours.embeddings.numpy().astype(np.float64)[positions]
-    rows_table = HostConstant(rows.astype(np.float32))
-
-    def add_rows(x, s):
-        return x + rows_table.tensor()
-
-    return add_rows, x64 + rows
+        return SinusoidalPositionalEncoding(), hub and hub.SinePositionEncoding()
+    if layer == "rotary":
+        return RotaryEmbedding(), hub and hub.RotaryEmbedding()
+    return LearnedPositionalEmbedding(1024), hub and hub.PositionEmbedding(sequence_length=1024)
 
 
-def _layer_body(layer, add_inputs: bool = False):
-    """`body(x, start)` calling `layer`, with `x` added to its output when `add_inputs`.
-
-    The layer is closed over, not a default argument: tf.function would make a default
-    argument part of each call's signature and pay for matching it on every call.
-    """
-
+def _layer_body(layer, add_inputs: bool = False) -> Callable:
+    # The layer is closed over, not a default argument: tf.function would make a default
+    # argument part of each call's signature and pay for matching it on every call.
     def body(x, start):
         outputs = layer(x, start_index=start)
         return x + outputs if add_inputs else outputs
@@ -224,38 +198,12 @@ def _layer_body(layer, add_inputs: bool = False):
     return body
 
 
-def _keras_hub_layers():
-    try:
-        import keras_hub
-    except ImportError as error:
-        raise SystemExit(
-            "The keras_hub baseline needs keras-hub, a benchmark-only dependency: "
-            "pip install -e '.[benchmark]' (or run with --without-keras-hub)."
-        ) from error
-    return keras_hub.layers
-
-
-def _layers(layer: str, hub):
-    """Our layer and keras_hub's peer (None without keras_hub), unbuilt."""
-    if layer == "sinusoidal":
-        ours = SinusoidalPositionalEncoding(MAX_WAVELENGTH)
-        theirs = hub.SinePositionEncoding(max_wavelength=MAX_WAVELENGTH) if hub else None
-    elif layer == "rotary":
-        ours = RotaryEmbedding(MAX_WAVELENGTH)
-        theirs = hub.RotaryEmbedding(max_wavelength=MAX_WAVELENGTH) if hub else None
-    else:
-        ours = LearnedPositionalEmbedding(LEARNED_MAX_LENGTH)
-        theirs = hub.PositionEmbedding(sequence_length=LEARNED_MAX_LENGTH) if hub else None
-    return ours, theirs
-
-
-def prepare(selected: list[Case], with_keras_hub: bool = True) -> Iterator[Prepared]:
+def prepare(selected: list[Case], min_sample: float, hub=None) -> Iterator[Prepared]:
     """Builds every candidate of every case, runs each once and measures its error.
 
-    Layers and inputs are shared by the cases of one (layer, shape); the float64
-    reference by the cases of one (layer, shape, start).
+    Layers and inputs are shared by the cases of one (layer, shape); `hub` is
+    `keras_hub.layers` or None. The rotary floor's form is chosen once per (shape, mode).
     """
-    hub = _keras_hub_layers() if with_keras_hub else None
     rng = np.random.default_rng(0)
     groups: dict[tuple, list[Case]] = {}
     for case in selected:
@@ -266,30 +214,34 @@ def prepare(selected: list[Case], with_keras_hub: bool = True) -> Iterator[Prepa
         ours, theirs = _layers(layer, hub)
         ours(x)  # builds
         bodies = {"ours": _layer_body(ours)}
-        if theirs is not None:
+        if theirs:
             theirs(x)
             if layer == "learned":
                 theirs.position_embeddings.assign(ours.embeddings)
             # keras_hub's additive layers return the encoding alone.
             bodies["keras_hub"] = _layer_body(theirs, add_inputs=layer != "rotary")
-
-        by_start: dict[Start, list[Case]] = {}
-        for case in group:
-            by_start.setdefault(case.start, []).append(case)
-        for start, start_cases in by_start.items():
-            floor, reference = floor_and_reference(layer, x_host, start, ours)
-            for case in start_cases:
-                calls = {
-                    name: _compiled(body, case.mode, x, start)
-                    for name, body in {
-                        "floor": floor,
-                        "control": floor,
-                        **bodies,
-                    }.items()
-                }
-                errors = {
-                    name: float(np.max(np.abs(call().numpy().astype(np.float64) - reference)))
-                    for name, call in calls.items()
-                }
-                yield Prepared(case, calls, errors)
-            del reference
+        forms = {}
+        if layer == "rotary":
+            forms = {
+                m: fastest_form(x, m, min_sample) for m in dict.fromkeys(c.mode for c in group)
+            }
+        for start in dict.fromkeys(case.start for case in group):
+            positions = np.arange(start, start + shape[1])
+            if layer == "rotary":
+                expected = reference.rotary(x_host, positions, MAX_WAVELENGTH)
+                floors = rotary_forms(shape, positions)
+            else:
+                if layer == "sinusoidal":
+                    rows = reference.sinusoidal(positions, shape[-1], MAX_WAVELENGTH)
+                else:
+                    rows = ours.embeddings.numpy().astype(np.float64)[positions]
+                row_constant = _constant(rows)
+                floors = {None: lambda x, start, rows=row_constant: x + rows()}
+                expected = x_host.astype(np.float64) + rows
+            for case in (case for case in group if case.start == start):
+                form, medians = forms.get(case.mode, (None, None))
+                named = {"floor": floors[form], "control": floors[form], **bodies}
+                calls = {name: compiled(body, case, x) for name, body in named.items()}
+                errors = {name: _error(call, expected) for name, call in calls.items()}
+                yield Prepared(case, calls, errors, form, medians)
+            del expected

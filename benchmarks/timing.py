@@ -1,24 +1,15 @@
-"""How it is timed: warm-up, then interleaved rounds in a random order.
-
-TensorFlow on CPU runs eager ops and `tf.function` calls synchronously: a call returns
-when its output is computed. Each timed call still ends with `._numpy()` on the output,
-a zero-copy view (about 1 µs) that would wait for the value if execution were
-asynchronous. The output is dropped inside the timed region, so every candidate pays
-for allocating and freeing its result, as a real caller would.
-
-Each round times every candidate of every case once; a case's candidates run next to
-each other, so that a slow spell of the (shared) machine falls on all of them alike, in
-a fresh random order each round (seeded). A fixed rotation would leave every candidate
-always following the same neighbour: one that leaves the caches or the allocator in a
-bad state then slows the same candidate every round (by 14% in a test of identical
-candidates). Calls faster than `min_sample` are repeated within a sample, and the sample
-divided by the repeats.
-
-Python's garbage collector stays off through the rounds. Calls in a steady state make
-no cyclic garbage (none over 6000 calls of three layers, checked), and on this VM a
-collection (of the ~300k objects TensorFlow and Keras leave tracked) makes the next few
-dozen calls 1.5-2x slower, unevenly across candidates: collecting between rounds put
-identical candidates 10-15% apart and every time 1.7x too high.
+"""All candidates are built, then each is traced or compiled and called until one sample
+lasts `--min-sample-ms` (5 ms). Each round times every candidate of every case once, a case's
+candidates side by side, so that a slow spell of the shared machine falls on all of them
+alike, in a fresh seeded random order each round, after one untimed round: a fixed order
+would have each candidate always follow the same neighbour, which can leave the allocator or
+the caches in a state that slows it every round. Python's garbage collector is off through
+the rounds: steady-state calls make no cyclic garbage, and a collection slows the calls after
+it, unevenly across candidates. Both effects were found with identical candidates as the
+witness, which `control` keeps in every row. A call ends with `._numpy()` on its output (a
+zero-copy view that waits for the value were TensorFlow to run the call asynchronously), and
+drops it inside the timed region: each candidate pays for allocating and freeing its result,
+as a real caller does (`benchmarks/timing.py`).
 """
 
 from __future__ import annotations
@@ -57,7 +48,7 @@ def _one_sample(timed: Timed) -> float:
 
 
 def warm_up(timed: Timed, min_sample: float) -> None:
-    """Traces or compiles the call, then sets `repeats` so a sample lasts `min_sample`."""
+    """Traces or compiles the call, then sets `repeats` so a sample lasts `min_sample` (s)."""
     for _ in range(WARM_UP_CALLS):
         timed.call()._numpy()
     one_call = min(_one_sample(timed) for _ in range(3))
@@ -74,9 +65,9 @@ def one_call(call: Callable[..., tf.Tensor], *args) -> float:
 def run_rounds(
     groups: list[list[Timed]], rounds: int, progress: bool = True, seed: int = 0
 ) -> None:
-    """Appends one sample per round to every `Timed`; `groups` are a case's candidates.
+    """Appends one sample per round to every `Timed`; a group is one case's candidates.
 
-    A first, untimed round lets the process settle after the one collection before it.
+    A first, untimed round lets the process settle after the collection before it.
     """
     shuffler = random.Random(seed)
     gc.collect()
@@ -90,10 +81,7 @@ def run_rounds(
                     if round_index >= 0:
                         timed.samples.append(sample)
             if progress and round_index >= 0:
-                print(
-                    f"round {round_index + 1}/{rounds}: {time.perf_counter() - began:.1f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                elapsed = time.perf_counter() - began
+                print(f"round {round_index + 1}/{rounds}: {elapsed:.1f} s", file=sys.stderr)
     finally:
         gc.enable()

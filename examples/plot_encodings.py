@@ -1,5 +1,6 @@
 """Figures of the encodings: the sinusoidal table, its relative-distance property, the
-wavelengths per channel pair, and the RoPE attention score against relative distance.
+wavelengths per channel pair, the RoPE attention score against relative distance, and the
+2D table of a patch grid (how alike the encodings of two patches are).
 
 The arrays come from the package's own layers and tables (`figure_data`); matplotlib, an
 optional extra (`pip install "keras-posenc[plot]"`), is needed only to draw them.
@@ -9,6 +10,7 @@ Run it:
     python examples/plot_encodings.py                # writes docs/*.png
     python examples/plot_encodings.py --out figures  # somewhere else
     python examples/plot_encodings.py --tiny         # small tables (or KERAS_POSENC_EXAMPLE_TINY=1)
+    python examples/plot_encodings.py --only 2d      # only docs/sinusoidal_2d.png
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from keras_posenc import RotaryEmbedding, inverse_frequencies, sinusoidal_table  # noqa: E402
+from keras_posenc import (  # noqa: E402
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    grid_positions,
+    inverse_frequencies,
+    sinusoidal_table,
+)
 
 TINY_ENVIRONMENT_VARIABLE = "KERAS_POSENC_EXAMPLE_TINY"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -188,6 +196,128 @@ def draw_figures(data: FigureData, out: Path) -> list[Path]:
     return written
 
 
+# --------------------------------------------------------------------------------------
+# The 2D table of a patch grid
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSize:
+    """The patch grid of the 2D figure."""
+
+    grid: int  # patches per side
+    width: int  # channels of the encoding (half for the row, half for the column)
+    references: tuple[tuple[int, int], ...]  # (row, column) of the patches compared against
+    max_wavelength: float = 10000.0
+
+
+GRID_FULL = GridSize(grid=14, width=64, references=((0, 0), (3, 10), (7, 7), (12, 2)))
+GRID_TINY = GridSize(grid=4, width=16, references=((0, 0), (2, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class GridFigureData:
+    """What the 2D figure plots: for each reference patch, how alike every patch's encoding is.
+
+    Attributes:
+        positions: `(row, column)` of each patch, row-major, `(grid², 2)`.
+        table_2d: `SinusoidalPositionalEncoding(axes=2)` at those positions, `(grid², width)`.
+        table_1d: the 1D encoding of the flattened index `row·grid + column`, `(grid², width)`.
+        similarity_2d: `{(row, column): cosine similarity of each patch's 2D encoding to that
+            reference patch's, (grid, grid)}`.
+        similarity_1d: the same for the 1D encoding of the flattened index.
+    """
+
+    positions: np.ndarray
+    table_2d: np.ndarray
+    table_1d: np.ndarray
+    similarity_2d: dict[tuple[int, int], np.ndarray]
+    similarity_1d: dict[tuple[int, int], np.ndarray]
+
+
+def grid_figure_data(tiny: bool = False) -> GridFigureData:
+    """The 2D figure's arrays, from the package's layer and table (no matplotlib)."""
+    size = GRID_TINY if tiny else GRID_FULL
+    grid = size.grid
+    positions = grid_positions(grid, grid)
+    layer = SinusoidalPositionalEncoding(axes=2, max_wavelength=size.max_wavelength)
+    zeros = np.zeros((1, grid * grid, size.width), np.float32)
+    table_2d = np.asarray(layer(zeros, positions=positions))[0]
+    table_1d = sinusoidal_table(grid * grid, size.width, size.max_wavelength)
+
+    def similarities(table: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+        unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+        return {
+            (row, column): (unit @ unit[row * grid + column]).reshape(grid, grid)
+            for row, column in size.references
+        }
+
+    return GridFigureData(
+        positions=positions,
+        table_2d=table_2d,
+        table_1d=table_1d,
+        similarity_2d=similarities(table_2d),
+        similarity_1d=similarities(table_1d),
+    )
+
+
+def draw_grid_figure(data: GridFigureData, out: Path) -> Path:
+    """Writes `sinusoidal_2d.png` into `out` and returns its path."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(
+            'Drawing the figures needs matplotlib: pip install "keras-posenc[plot]" '
+            "(or pip install matplotlib)."
+        ) from error
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    out.mkdir(parents=True, exist_ok=True)
+    grid = int(np.sqrt(len(data.positions)))
+    width = data.table_2d.shape[1]
+    references = list(data.similarity_2d)
+    figure, axes = pyplot.subplots(
+        2,
+        len(references),
+        figsize=(2.2 * len(references) + 1.0, 5.0),
+        squeeze=False,
+        layout="constrained",
+    )
+    # One colour scale for all panels, from the least similar pair shown up to 1.
+    lowest = min(
+        s.min() for rows in (data.similarity_2d, data.similarity_1d) for s in rows.values()
+    )
+    rows = (
+        (data.similarity_2d, "2D: axes=2"),
+        (data.similarity_1d, "1D: index row·grid + col"),
+    )
+    for line, (similarity, label) in enumerate(rows):
+        for column, reference in enumerate(references):
+            ax = axes[line, column]
+            image = ax.imshow(similarity[reference], cmap="viridis", vmin=lowest, vmax=1)
+            ax.plot(reference[1], reference[0], "x", color="red", markersize=7, mew=2)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if line == 0:
+                ax.set_title(f"patch (row {reference[0]}, col {reference[1]})", fontsize=9)
+            if column == 0:
+                ax.set_ylabel(label, fontsize=10)
+    figure.colorbar(image, ax=axes, shrink=0.8, label="cosine similarity")
+    figure.suptitle(
+        f"Similarity of each patch's encoding to the patch at ×, {grid} × {grid} grid, "
+        f"width {width}",
+        fontsize=11,
+    )
+    # Written whole or not at all: draw into a temporary file, then rename it.
+    path = out / "sinusoidal_2d.png"
+    with tempfile.NamedTemporaryFile(dir=out, suffix=".png", delete=False) as temporary:
+        figure.savefig(temporary, format="png", dpi=100)
+    os.chmod(temporary.name, 0o644)  # NamedTemporaryFile makes it private (0600)
+    os.replace(temporary.name, path)
+    pyplot.close(figure)
+    return path
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DOCS, help="folder for the PNG files")
@@ -197,8 +327,18 @@ def main(argv: list[str] | None = None) -> list[Path]:
         default=os.environ.get(TINY_ENVIRONMENT_VARIABLE, "") not in ("", "0"),
         help=f"small tables (also {TINY_ENVIRONMENT_VARIABLE}=1)",
     )
+    parser.add_argument(
+        "--only",
+        choices=("all", "1d", "2d"),
+        default="all",
+        help="1d: the four figures of 1D positions; 2d: the patch-grid figure",
+    )
     args = parser.parse_args(argv)
-    written = draw_figures(figure_data(tiny=args.tiny), args.out)
+    written = []
+    if args.only in ("all", "1d"):
+        written += draw_figures(figure_data(tiny=args.tiny), args.out)
+    if args.only in ("all", "2d"):
+        written.append(draw_grid_figure(grid_figure_data(tiny=args.tiny), args.out))
     for path in written:
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
     return written

@@ -9,7 +9,9 @@ fast without the trick, the trick can go.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -155,15 +157,40 @@ def choose_at_run_time(
 # Bad positions in graphs that cannot raise
 
 
+_tracing = threading.local()
+
+
+@contextlib.contextmanager
+def tracing_for_a_converter() -> Iterator[None]:
+    """While a graph is traced for a converter that drops assertions (tf2onnx, TFLite).
+
+    Graphs traced inside poison the rows of bad positions (`nan_unless`), as graphs
+    compiled by XLA always do. Elsewhere TensorFlow runs the assertions, which raise.
+    """
+    previous = getattr(_tracing, "for_converter", False)
+    _tracing.for_converter = True
+    try:
+        yield
+    finally:
+        _tracing.for_converter = previous
+
+
+def assertions_dropped() -> bool:
+    """Whether the graph being traced loses its assertions (XLA, or a converter)."""
+    return getattr(_tracing, "for_converter", False) or in_xla_context()
+
+
 def nan_unless(rows: Sequence[tf.Tensor], valid) -> tuple[tf.Tensor, ...]:
-    """`rows`, with NaN in place of those where `valid` is False.
+    """`rows`, with NaN in place of them when `valid` is False, where assertions are dropped.
 
     XLA compiles assertions away and converters (tf2onnx, the TFLite converter) drop them,
     and their slices and gathers clamp or wrap out-of-range indices, so a bad position would
-    give a plausible wrong row; NaN makes it impossible to miss. `valid` is a bool scalar;
-    a Python bool True costs nothing.
+    give a plausible wrong row; NaN makes it impossible to miss. Elsewhere (eagerly, in a
+    `tf.function`, in a SavedModel) the assertions raise, and the rows are left alone: a
+    `where` outside XLA is one more pass over them (benchmark case: sinusoidal 4096 x 1024,
+    tf.function, tensor start). `valid` is a bool scalar; a Python bool True costs nothing.
     """
-    if isinstance(valid, (bool, np.bool_)):
+    if isinstance(valid, (bool, np.bool_)) or not assertions_dropped():
         return tuple(rows)
     return tuple(tf.where(valid, row, tf.constant(float("nan"), row.dtype)) for row in rows)
 

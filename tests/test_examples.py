@@ -198,3 +198,203 @@ def test_serve_onnx_answers_like_keras_without_importing_tensorflow(tmp_path):
         server.encode([3, -1])
     with pytest.raises(TypeError, match="integers"):
         server.encode([0.5, 1.0])
+
+
+# --------------------------------------------------------------------------------------
+# where_is_it (a tiny ViT on patch grids: no / 1D / 2D sinusoidal / 2D axial RoPE positions)
+
+
+def _patch_colors(images: np.ndarray, grid: int, patch: int) -> np.ndarray:
+    """The mean colour of every patch, `(count, grid, grid, 3)`, by plain numpy."""
+    count = images.shape[0]
+    return images.reshape(count, grid, patch, grid, patch, 3).mean(axis=(2, 4))
+
+
+def test_where_is_it_labels_are_what_the_pixels_say():
+    where_is_it = load_example("where_is_it")
+    size = where_is_it.TINY
+    grid, patch = size.grid, size.patch
+    images, labels, where = where_is_it.make_images(300, size, np.random.default_rng(3))
+    colors = _patch_colors(images, grid, patch)
+    redness = (colors[..., 0] - colors[..., 2]).reshape(len(images), -1)
+    red = np.stack(np.divmod(redness.argmax(axis=1), grid), -1)
+    blue = np.stack(np.divmod((-redness).argmax(axis=1), grid), -1)
+    np.testing.assert_array_equal(where[:, 0], red)
+    np.testing.assert_array_equal(where[:, 1], blue)
+    # Exactly one red and one blue patch; the rest grey.
+    assert np.all(np.sort(np.abs(redness), axis=1)[:, -3] < 0.3)
+    assert np.all(red[:, 1] != blue[:, 1])
+    np.testing.assert_array_equal(labels, red[:, 1] < blue[:, 1])
+    assert 0.4 < labels.mean() < 0.6
+    assert len(np.unique(red[:, 0] - blue[:, 0])) == 2 * grid - 1  # rows anywhere
+
+    test_images, test_labels = where_is_it.make_twin_test_set(50, size, np.random.default_rng(4))
+    originals, twins = test_images[:50], test_images[50:]
+    np.testing.assert_array_equal(test_labels[:50], 1 - test_labels[50:])
+
+    def sorted_patches(batch):
+        patches = batch.reshape(len(batch), grid, patch, grid, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+        patches = patches.reshape(len(batch), grid * grid, -1)
+        return np.stack([p[np.lexsort(p.T[::-1])] for p in patches])
+
+    # The same patches, only at other places: a permutation-invariant model cannot tell.
+    np.testing.assert_array_equal(sorted_patches(originals), sorted_patches(twins))
+    twin_redness = (_patch_colors(twins, grid, patch) @ [1, 0, -1]).reshape(50, -1)
+    twin_red = np.stack(np.divmod(twin_redness.argmax(axis=1), grid), -1)
+    original_redness = (_patch_colors(originals, grid, patch) @ [1, 0, -1]).reshape(50, -1)
+    original_blue = np.stack(np.divmod(original_redness.argmin(axis=1), grid), -1)
+    np.testing.assert_array_equal(twin_red, original_blue)
+    np.testing.assert_array_equal(
+        test_labels[50:], 1 - (original_redness.argmax(1) % grid < original_blue[:, 1])
+    )
+
+
+def test_where_is_it_patches_follow_the_row_major_grid():
+    where_is_it = load_example("where_is_it")
+    grid, patch = 3, 2
+    # Every pixel of the patch in row r, column c holds 10·r + c.
+    rows, columns = np.divmod(np.arange(grid * grid), grid)
+    values = (10 * rows + columns).reshape(grid, grid)
+    images = np.repeat(np.repeat(values, patch, 0), patch, 1)[None, :, :, None]
+    images = np.repeat(images, 3, axis=-1).astype(np.float32)
+    sequence = np.asarray(where_is_it.patchify(images, grid, patch))[0]
+    np.testing.assert_array_equal(sequence, np.repeat((10 * rows + columns)[:, None], 12, 1))
+    positions = where_is_it.grid_positions(grid, grid)
+    np.testing.assert_array_equal(positions, np.stack([rows, columns], -1))
+
+
+def test_where_is_it_models_add_the_positions_of_their_patches():
+    import reference
+
+    where_is_it = load_example("where_is_it")
+    size = where_is_it.TINY
+    grid, width = size.grid, size.width
+    rows, columns = np.divmod(np.arange(grid * grid), grid)
+    images = np.random.default_rng(5).uniform(size=(2, grid * size.patch, grid * size.patch, 3))
+    expected = {
+        "sinusoidal_1d": reference.sinusoidal(np.arange(grid * grid), width),
+        "sinusoidal_2d": np.concatenate(
+            [reference.sinusoidal(rows, width // 2), reference.sinusoidal(columns, width // 2)], -1
+        ),
+    }
+    for variant, encoding in expected.items():
+        model = where_is_it.build_classifier(variant, size)
+        probe = keras.Model(
+            model.input,
+            [model.get_layer("patch_embedding").output, model.get_layer("positions").output],
+        )
+        embedded, encoded = (np.asarray(t) for t in probe(images.astype(np.float32)))
+        np.testing.assert_allclose(
+            encoded - embedded, np.broadcast_to(encoding, encoded.shape), atol=1e-5
+        )
+
+
+def _axial_rope_attention(layer, x: np.ndarray, rows: np.ndarray, columns: np.ndarray):
+    """Self-attention with (row, column) axial RoPE on queries and keys, in float64 numpy."""
+    import reference
+
+    weights = {
+        w.path.split("/")[-2] + "/" + w.name: np.asarray(w, np.float64) for w in layer.weights
+    }
+
+    def project(name):
+        return np.einsum("bsw,whd->bshd", x, weights[f"{name}/kernel"]) + weights[f"{name}/bias"]
+
+    query, key, value = project("query"), project("key"), project("value")
+    head = query.shape[-1]
+    omega = reference.inverse_frequencies(head // 2)
+    angles = np.concatenate([rows[:, None] * omega, columns[:, None] * omega], -1)
+    sin, cos = np.sin(angles)[:, None, :], np.cos(angles)[:, None, :]
+
+    def rotate(t):  # pair k is channels (k, k + head/2)
+        a, b = t[..., : head // 2], t[..., head // 2 :]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+    scores = np.einsum("bqhd,bkhd->bhqk", rotate(query), rotate(key)) / np.sqrt(head)
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    scores /= scores.sum(-1, keepdims=True)
+    attended = np.einsum("bhqk,bkhd->bqhd", scores, value)
+    return (
+        np.einsum("bshd,hdw->bsw", attended, weights["attention_output/kernel"])
+        + weights["attention_output/bias"]
+    )
+
+
+def test_where_is_it_rope_attention_rotates_by_row_and_column():
+    where_is_it = load_example("where_is_it")
+    size = where_is_it.TINY
+    grid = size.grid
+    rows, columns = np.divmod(np.arange(grid * grid), grid)
+    model = where_is_it.build_classifier("rope_2d", size)
+    attention = model.get_layer("attention")
+    probe = keras.Model(model.input, [model.get_layer("patch_embedding").output, attention.output])
+    images = np.random.default_rng(6).uniform(size=(2, grid * size.patch, grid * size.patch, 3))
+    embedded, attended = (np.asarray(t, np.float64) for t in probe(images.astype(np.float32)))
+    expected = _axial_rope_attention(attention, embedded, rows, columns)
+    np.testing.assert_allclose(attended, expected, rtol=0, atol=1e-4)
+    # Swapping the axes is a different model: the check above could fail.
+    assert np.abs(_axial_rope_attention(attention, embedded, columns, rows) - attended).max() > 1e-2
+
+
+def test_where_is_it_without_positions_cannot_see_where_the_patches_are():
+    where_is_it = load_example("where_is_it")
+    size = where_is_it.TINY
+    grid, patch = size.grid, size.patch
+    images, _, _ = where_is_it.make_images(8, size, np.random.default_rng(7))
+    order = np.random.default_rng(8).permutation(grid * grid)
+    blocks = images.reshape(8, grid, patch, grid, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+    shuffled = blocks.reshape(8, grid * grid, patch, patch, 3)[:, order]
+    shuffled = shuffled.reshape(8, grid, grid, patch, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+    shuffled = shuffled.reshape(images.shape)
+    assert not np.array_equal(shuffled, images)
+    for variant in where_is_it.VARIANTS:
+        model = where_is_it.build_classifier(variant, size)
+        change = np.abs(np.asarray(model(shuffled)) - np.asarray(model(images))).max()
+        if variant == "none":
+            assert change <= 1e-6, change
+        else:
+            assert change > 1e-4, (variant, change)
+
+
+def test_where_is_it_without_positions_is_chance_and_2d_positions_solve_it():
+    where_is_it = load_example("where_is_it")
+    accuracies = where_is_it.main(["--tiny"])
+    assert list(accuracies) == ["none", "sinusoidal_1d", "sinusoidal_2d", "rope_2d"]
+    # Each test image has a twin with the same patches and the other label.
+    assert accuracies["none"] == pytest.approx(0.5, abs=0.01)
+    for variant in ("sinusoidal_2d", "rope_2d"):
+        assert accuracies[variant] >= 0.95, (variant, accuracies)
+        # The column is a sawtooth of the 1D position: clearly harder from 1D positions.
+        assert accuracies["sinusoidal_1d"] <= accuracies[variant] - 0.1, accuracies
+
+
+def test_sinusoidal_2d_figure_data_follow_the_formula():
+    import reference
+
+    plot_encodings = load_example("plot_encodings")
+    size = plot_encodings.GRID_TINY
+    grid, width = size.grid, size.width
+    data = plot_encodings.grid_figure_data(tiny=True)
+    rows, columns = np.divmod(np.arange(grid * grid), grid)
+    np.testing.assert_array_equal(data.positions, np.stack([rows, columns], -1))
+    table_2d = np.concatenate(
+        [reference.sinusoidal(rows, width // 2), reference.sinusoidal(columns, width // 2)], -1
+    )
+    table_1d = reference.sinusoidal(np.arange(grid * grid), width)
+    np.testing.assert_allclose(data.table_2d, table_2d, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(data.table_1d, table_1d, rtol=0, atol=1e-6)
+    assert sorted(data.similarity_2d) == sorted(data.similarity_1d) == sorted(size.references)
+    for (row, column), similarity in data.similarity_2d.items():
+        # Every row of the table has norm sqrt(width/2): one (sin, cos) pair per frequency.
+        expected = (table_2d @ table_2d[row * grid + column] / (width / 2)).reshape(grid, grid)
+        np.testing.assert_allclose(similarity, expected, rtol=0, atol=1e-5)
+        assert similarity[row, column] == pytest.approx(1.0, abs=1e-6)
+    for (row, column), similarity in data.similarity_1d.items():
+        expected = (table_1d @ table_1d[row * grid + column] / (width / 2)).reshape(grid, grid)
+        np.testing.assert_allclose(similarity, expected, rtol=0, atol=1e-5)
+
+
+def test_sinusoidal_2d_figure_is_checked_in_and_small():
+    content = (DOCS / "sinusoidal_2d.png").read_bytes()
+    assert content[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(content) < 200 * 1024
