@@ -94,7 +94,10 @@ def _columns(x: tf.Tensor, start, length) -> tf.Tensor:
     A gather, not `tf.slice(x, [0, start], [-1, length])`: XLA needs the begin of a slice
     whose size is -1 at compile time, and would compile the step again for every start.
     """
-    return tf.gather(x, start + tf.range(length), axis=1)
+    # Clamped: a start past the cache is refused (or its outputs made NaN) by the caller,
+    # and onnxruntime would otherwise fail here with an error that does not name it.
+    columns = tf.clip_by_value(start + tf.range(length), 0, tf.shape(x)[1] - 1)
+    return tf.gather(x, columns, axis=1)
 
 
 def _written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:
@@ -352,6 +355,9 @@ class RotaryAttention:
         else:
             key_heads = self.rotary_embedding(key_heads, positions=key_positions)
         if valid is not None:
+            # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
+            # the select covers the new tokens only, and an exported graph stays safe
+            # whichever way it was traced.
             query_heads, key_heads, value_heads = (
                 tf.where(valid, x, tf.constant(float("nan"), x.dtype))
                 for x in (query_heads, key_heads, value_heads)
@@ -381,8 +387,9 @@ class RotaryAttention:
         """None when `index .. index + new` fits the cache, checked now; else a validity tensor.
 
         A slot past the cache would be clamped by the update (a plausible wrong answer):
-        eagerly that is an error now, in a graph an assertion, and since XLA and ONNX drop
-        assertions the new queries, keys and values also become NaN.
+        eagerly that is an error now, in a graph an assertion, and since XLA and the
+        converters (tf2onnx, TFLite) drop assertions, the new queries, keys and values of
+        every graph also become NaN.
         """
         known_index, known_new = _known_int(index), _known_int(new)
         if known_index is not None and known_new is not None:

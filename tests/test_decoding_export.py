@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import onnxruntime
 import pytest
+import tensorflow as tf
 
 from keras_posenc import RotaryGroupQueryAttention
 from keras_posenc.export import save_onnx, save_saved_model, verify_export
@@ -125,6 +126,15 @@ def test_exported_decode_step_verifies_and_generates_like_keras(tmp_path, padded
         repeats=1,
     )
     assert report["passed"], report["summary"]
+
+    # An index past the cache: NaN from onnxruntime (ONNX has no assertions), an error
+    # naming it from the SavedModel; never a clamped, plausible answer.
+    past = {**make_inputs(1, 1), "cache_update_index": np.array(MAX_LENGTH, np.int32)}
+    logits, _ = session.run(["logits", "next_cache"], past)
+    assert np.isnan(logits).all()
+    serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must stay within the cache"):
+        serve(**{name: tf.constant(value) for name, value in past.items()})
 
     prompts, mask = _prompts(padded)
 
