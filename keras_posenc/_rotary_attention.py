@@ -420,7 +420,7 @@ class RotaryAttention:
 
         Key/value heads are repeated for the query groups here, after the rotation (and
         after the cache). Without scores or active dropout this is Keras's
-        `ops.dot_product_attention` (the backend's fused kernel, flash when enabled);
+        `ops.dot_product_attention` (the backend's fused attention, flash when enabled);
         otherwise the explicit product and the base layer's masked softmax.
         """
         query_heads, kv_heads, _, _ = self._head_counts()
@@ -434,6 +434,14 @@ class RotaryAttention:
             )
         dropout = self.dropout > 0.0 and bool(training)
         if not (return_scores or dropout):
+            if causal_only:
+                # What `is_causal=True` makes on the TensorFlow backend (no kernel of its
+                # own there), but with built-in LiteRT ops: the backend's `mask[None, None]`
+                # is a StridedSlice with new axes that LiteRT runs only as a Flex op.
+                steps = ops.arange(ops.shape(query)[1])
+                mask = ops.expand_dims(steps, 1) >= ops.expand_dims(
+                    ops.arange(ops.shape(key)[1]), 0
+                )
             if mask is not None:
                 mask = ops.cast(mask, "bool")
                 while len(mask.shape) < 4:
@@ -444,7 +452,6 @@ class RotaryAttention:
                 value,
                 mask=mask,
                 scale=self._scale(),
-                is_causal=causal_only,
                 flash_attention=self._flash_attention,
             )
             return output, None
