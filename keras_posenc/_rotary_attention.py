@@ -20,7 +20,13 @@ from keras import ops
 # Private Keras API (as MultiHeadAttention uses it): a tensor's Keras mask, read and cleared.
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
-from keras_posenc._tf import in_xla_context
+from keras_posenc._kv_cache import (
+    checked_slots,
+    checked_update_index,
+    columns,
+    static_size,
+    written,
+)
 from keras_posenc.positions import positions_from_mask
 from keras_posenc.rotary import RotaryEmbedding
 
@@ -54,63 +60,6 @@ def renamed_rope_options(options: dict, kwargs: dict) -> dict:
             )
         options[new] = value
     return options
-
-
-def _known_int(value):
-    """`value` as a Python int when it is known now (a number, eager or constant), else None."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"cache_update_index must be an integer, got the bool {value!r}.")
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    known = tf.get_static_value(value)
-    return None if known is None else int(known)
-
-
-def _checked_update_index(cache_update_index):
-    """`cache_update_index` as a Python int or a scalar int32 tensor."""
-    if _known_int(cache_update_index) is not None:
-        return _known_int(cache_update_index)
-    index = tf.convert_to_tensor(cache_update_index)
-    if not index.dtype.is_integer or index.shape.rank not in (None, 0):
-        raise TypeError(
-            "cache_update_index must be a scalar int32 or int64, got "
-            f"{index.dtype.name} of shape {index.shape}. It is the cache slot of the first "
-            "new token (the number of tokens already in the cache)."
-        )
-    if index.dtype != tf.int32:
-        bounds = np.iinfo(np.int32)
-        index = tf.clip_by_value(tf.cast(index, tf.int64), bounds.min, bounds.max)
-    return tf.cast(index, tf.int32)
-
-
-def _dim(x: tf.Tensor, axis: int):
-    """`x.shape[axis]` as a Python int when known, else the run-time size."""
-    return int(x.shape[axis]) if x.shape[axis] is not None else tf.shape(x)[axis]
-
-
-def _columns(x: tf.Tensor, start, length) -> tf.Tensor:
-    """`x[:, start : start + length]` for a run-time `start`.
-
-    A gather, not `tf.slice(x, [0, start], [-1, length])`: XLA needs the begin of a slice
-    whose size is -1 at compile time, and would compile the step again for every start.
-    """
-    # Clamped: a start past the cache is refused (or its outputs made NaN) by the caller,
-    # and onnxruntime would otherwise fail here with an error that does not name it.
-    columns = tf.clip_by_value(start + tf.range(length), 0, tf.shape(x)[1] - 1)
-    return tf.gather(x, columns, axis=1)
-
-
-def _written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:
-    """`cache (batch, 2, max_length, ...)` with `update (batch, 2, new, ...)` at slot `index`."""
-    if in_xla_context():
-        # A dynamic update slice: XLA writes the new slots into a copy of the cache.
-        return ops.slice_update(cache, [0, 0, index, 0, 0], update)
-    # Elsewhere the same as a select between the cache and the update gathered to every
-    # slot: tf2onnx cannot convert XlaDynamicUpdateSlice, and a select exports anywhere.
-    offset = tf.range(max_length) - index
-    inside = (offset >= 0) & (offset < new)
-    placed = tf.gather(update, tf.clip_by_value(offset, 0, new - 1), axis=2)
-    return tf.where(inside[None, None, :, None, None], placed, cache)
 
 
 class RotaryAttention:
@@ -324,10 +273,10 @@ class RotaryAttention:
                 "A cache needs cache_update_index: the slot of the first new token (the "
                 "number of tokens already in the cache; 0 for the prefill)."
             )
-        index = _checked_update_index(cache_update_index)
-        steps, new = _dim(query_heads, 1), _dim(key_heads, 1)
+        index = checked_update_index(cache_update_index)
+        steps, new = static_size(query_heads, 1), static_size(key_heads, 1)
 
-        valid = self._checked_slots(index, new, max_length)
+        valid = checked_slots(index, new, max_length)
 
         if cache_mask is not None:
             cache_mask = tf.convert_to_tensor(cache_mask)
@@ -340,9 +289,9 @@ class RotaryAttention:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = positions_from_mask(cache_mask)
             if query_positions is None:
-                query_positions = _columns(slots, index, steps)
+                query_positions = columns(slots, index, steps)
             if key_positions is None:
-                key_positions = _columns(slots, index, new)
+                key_positions = columns(slots, index, new)
         elif key_positions is None and query_positions is not None:
             # The new keys are the new tokens: by default they sit where the queries do.
             key_positions = query_positions
@@ -364,7 +313,7 @@ class RotaryAttention:
             )
 
         update = tf.cast(tf.stack([key_heads, value_heads], axis=1), cache.dtype)
-        new_cache = _written(cache, update, index, new, max_length)
+        new_cache = written(cache, update, index, new, max_length)
         keys, values = new_cache[:, 0], new_cache[:, 1]
 
         slot = tf.range(max_length)[None, None, :]
@@ -381,39 +330,6 @@ class RotaryAttention:
         if attention_mask is not None:
             visible &= tf.cast(attention_mask, tf.bool)
         return query_heads, keys, values, visible, new_cache
-
-    @staticmethod
-    def _checked_slots(index, new, max_length: int):
-        """None when `index .. index + new` fits the cache, checked now; else a validity tensor.
-
-        A slot past the cache would be clamped by the update (a plausible wrong answer):
-        eagerly that is an error now, in a graph an assertion, and since XLA and the
-        converters (tf2onnx, TFLite) drop assertions, the new queries, keys and values of
-        every graph also become NaN.
-        """
-        known_index, known_new = _known_int(index), _known_int(new)
-        if known_index is not None and known_new is not None:
-            if not 0 <= known_index <= max_length - known_new:
-                raise ValueError(
-                    f"cache_update_index={known_index} with {known_new} new tokens does not "
-                    f"fit a cache of max_length {max_length}: it must be in "
-                    f"[0, {max_length - known_new}]."
-                )
-            return None
-        valid = (index >= 0) & (index <= max_length - new)
-        if not tf.executing_eagerly():
-            assertion = tf.debugging.Assert(
-                valid,
-                [
-                    f"cache_update_index plus the new tokens must stay within the cache's "
-                    f"max_length {max_length}; cache_update_index and the new tokens follow.",
-                    index,
-                    new,
-                ],
-            )
-            with tf.control_dependencies([assertion]):
-                valid = tf.identity(valid)
-        return valid
 
     def _attend(self, query, key, value, mask, causal_only, training, return_scores):
         """Dot-product attention of `(batch, steps, heads, dim)` heads, Keras's way.
