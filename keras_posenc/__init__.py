@@ -30,6 +30,7 @@ from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa
 from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
 from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
 from keras_posenc.rotary_attention import RotaryMultiHeadAttention  # noqa: E402
+from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention  # noqa: E402
 from keras_posenc.sinusoidal import (  # noqa: E402
     SinusoidalInitializer,
     SinusoidalPositionalEncoding,
@@ -42,6 +43,7 @@ __all__ = [
     "FrequencyTable",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "RotaryGroupQueryAttention",
     "RotaryMultiHeadAttention",
     "SinusoidalInitializer",
     "SinusoidalPositionalEncoding",

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc.positions import positions_from_mask
-from keras_posenc.rotary import RotaryEmbedding
+from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
+class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention):
     """`keras.layers.MultiHeadAttention` whose projected queries and keys are rotated (RoPE).
 
-    Everything `MultiHeadAttention` takes works as there; the rotation happens between
-    the projections and the dot product, so attention scores depend on the relative
-    position of query and key only.
+    Everything `MultiHeadAttention` takes works as there, with the same weights; the
+    rotation happens between the projections and the dot product, so attention scores
+    depend on the relative position of query and key only. With a `cache` (the shape of
+    keras_hub's `CachedMultiHeadAttention`) it decodes one token, or prefills many, per call.
 
     Example:
 
@@ -22,17 +22,26 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
     >>> x = np.random.normal(size=(2, 10, 64)).astype("float32")
     >>> tuple(attention(x, x, use_causal_mask=True).shape)
     (2, 10, 64)
+    >>> cache = np.zeros((2, 2, 32, 4, 16), "float32")  # (batch, 2, max_length, heads, key_dim)
+    >>> output, cache = attention(x, x, use_causal_mask=True, cache=cache, cache_update_index=0)
+    >>> token = x[:, :1]
+    >>> output, cache = attention(token, token, cache=cache, cache_update_index=10)
+    >>> tuple(output.shape), tuple(cache.shape)
+    ((2, 1, 64), (2, 2, 32, 4, 16))
 
     Args:
         num_heads: number of attention heads.
         key_dim: size of each head for query and key.
-        max_wavelength: the RoPE base (see `RotaryEmbedding`).
-        rotary_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
-        rotary_dim: rotate only the first `rotary_dim` channels of each head.
-        rotary_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
+        rope_max_wavelength: the RoPE base (`RotaryEmbedding`'s `max_wavelength`).
+        rope_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
+        rope_dim: rotate only the first `rope_dim` channels of each head.
+        rope_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
         positions_from_mask: derive query / key positions from their padding masks
-            (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded.
-        **kwargs: the other `keras.layers.MultiHeadAttention` arguments.
+            (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded; with a
+            cache, from `cache_mask`.
+        **kwargs: the other `keras.layers.MultiHeadAttention` arguments. The names before
+            the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
+            `rotary_scaling`) are still accepted.
 
     Call arguments:
         query, value, key, query_mask, value_mask, key_mask, attention_mask,
@@ -40,24 +49,42 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_positions, key_positions: optional integer positions, `(sequence,)` or
             `(batch, sequence)`, of the query and of the key/value steps.
         query_start_index, key_start_index: the position of the first query / key step
-            when the positions are not given (int or scalar int tensor). To decode one
-            token at step `t` against the states of steps `0..t`, pass the token as `query`
-            with `query_start_index=t` and the states as `value`.
+            when the positions are not given (int or scalar int tensor).
+        cache: optional `(batch, 2, max_length, num_heads, key_dim)` keys (rotated) and
+            values of earlier steps. The new keys and values are written at
+            `cache_update_index` and the call returns `(output, updated_cache)`; the
+            queries attend over the filled slots `< cache_update_index + steps` (and,
+            with `use_causal_mask`, the slots up to their own).
+        cache_update_index: with a cache, the slot of the first new token (int or scalar
+            int tensor). Positions default to `cache_update_index + range(steps)`.
+        cache_mask: with a cache, optional `(batch, max_length)` padding of the slots
+            (false for padding, never attended to); with `positions_from_mask`, a
+            token's position is its row's count of real slots before it.
 
-    Output shape: `(batch, query_sequence, output_dim)`, as `MultiHeadAttention`.
+    Output shape: `(batch, query_sequence, output_dim)`, as `MultiHeadAttention`; with a
+    cache, `(output, updated_cache)`.
     """
 
     def __init__(
         self,
         num_heads: int,
         key_dim: int,
-        max_wavelength: float = 10000.0,
-        rotary_layout: str = "half",
-        rotary_dim: int | None = None,
-        rotary_scaling: dict | None = None,
+        rope_max_wavelength: float = ROPE_DEFAULTS["rope_max_wavelength"],
+        rope_layout: str = ROPE_DEFAULTS["rope_layout"],
+        rope_dim: int | None = ROPE_DEFAULTS["rope_dim"],
+        rope_scaling: dict | None = ROPE_DEFAULTS["rope_scaling"],
         positions_from_mask: bool = False,
         **kwargs,
     ):
+        options = renamed_rope_options(
+            {
+                "rope_max_wavelength": rope_max_wavelength,
+                "rope_layout": rope_layout,
+                "rope_dim": rope_dim,
+                "rope_scaling": rope_scaling,
+            },
+            kwargs,
+        )
         attention_axes = kwargs.get("attention_axes")
         if attention_axes not in (None, 1, (1,), [1]):
             raise ValueError(
@@ -65,108 +92,28 @@ class RotaryMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"it; attention_axes={attention_axes!r} is not supported (leave it None)."
             )
         super().__init__(num_heads, key_dim, **kwargs)
-        self.rotary_embedding = RotaryEmbedding(
-            max_wavelength=max_wavelength,
-            layout=rotary_layout,
-            rotary_dim=rotary_dim,
-            scaling=rotary_scaling,
-            sequence_axis=1,
-            feature_axis=-1,
-            dtype=self.dtype_policy,
-            name="rotary_embedding",
-        )
-        self.positions_from_mask = bool(positions_from_mask)
-        self._rotation = None
+        self._init_rotary(options, positions_from_mask)
 
     def build(self, query_shape, value_shape, key_shape=None) -> None:
+        if len(query_shape) != 3:
+            raise ValueError(
+                "RotaryMultiHeadAttention takes queries of shape (batch, sequence, features), "
+                f"got shape {tuple(query_shape)}."
+            )
         super().build(query_shape, value_shape, key_shape)
-        # Queries and keys share key_dim per head: one rotation serves both.
-        self.rotary_embedding.build((None, None, self.num_heads, self.key_dim))
+        self._build_rotary()
 
-    def call(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        query_positions=None,
-        key_positions=None,
-        query_start_index=0,
-        key_start_index=0,
-    ):
-        if self.positions_from_mask:
-            key_source = value if key is None else key
-            query_mask = _mask_of(query, query_mask)
-            key_mask_or_value_mask = _mask_of(
-                key_source, key_mask if key is not None else value_mask
-            )
-            if query_positions is None and query_mask is not None:
-                query_positions = positions_from_mask(query_mask, query_start_index)
-                query_start_index = 0
-            if key_positions is None and key_mask_or_value_mask is not None:
-                key_positions = positions_from_mask(key_mask_or_value_mask, key_start_index)
-                key_start_index = 0
-        # The parent's call projects and then calls `_compute_attention`, which rotates:
-        # hand the positions over for the length of this call.
-        self._rotation = (query_positions, query_start_index, key_positions, key_start_index)
-        try:
-            return super().call(
-                query,
-                value,
-                key=key,
-                query_mask=query_mask,
-                value_mask=value_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                use_causal_mask=use_causal_mask,
-            )
-        finally:
-            self._rotation = None
+    def _head_counts(self) -> tuple[int, int, int, int]:
+        return self.num_heads, self.num_heads, self.key_dim, self.value_dim
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        *args,
-        query_positions=None,
-        key_positions=None,
-        query_start_index=0,
-        key_start_index=0,
-        **kwargs,
-    ):
-        # Positions change values, not shapes (and the parent does not know them).
-        return super().compute_output_spec(query, value, key, *args, **kwargs)
+    def _scale(self) -> float:
+        return self._inverse_sqrt_key_dim
 
-    def _compute_attention(self, query, key, value, *args, **kwargs):
-        query_positions, query_start_index, key_positions, key_start_index = self._rotation
-        query = self.rotary_embedding(
-            query, positions=query_positions, start_index=query_start_index
-        )
-        key = self.rotary_embedding(key, positions=key_positions, start_index=key_start_index)
-        return super()._compute_attention(query, key, value, *args, **kwargs)
+    def _window(self) -> int | None:
+        return self._sliding_window
+
+    def _uses_gate(self) -> bool:
+        return self._use_gate
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            {
-                "max_wavelength": self.rotary_embedding.max_wavelength,
-                "rotary_layout": self.rotary_embedding.layout,
-                "rotary_dim": self.rotary_embedding.rotary_dim,
-                "rotary_scaling": self.rotary_embedding.scaling,
-                "positions_from_mask": self.positions_from_mask,
-            }
-        )
-        return config
-
-
-def _mask_of(tensor, given):
-    return given if given is not None else getattr(tensor, "_keras_mask", None)
+        return {**super().get_config(), **self._rope_config()}

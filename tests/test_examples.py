@@ -69,20 +69,28 @@ def test_order_matters_without_positions_is_chance_and_with_positions_is_not():
 
 
 # --------------------------------------------------------------------------------------
-# decode_with_cache
+# tiny_llama
 
 
-def test_decoding_token_by_token_equals_the_full_causal_pass(monkeypatch):
-    decode_with_cache = load_example("decode_with_cache")
-    monkeypatch.setenv(*next(iter(TINY.items())))
-    differences = decode_with_cache.main([])
-    assert set(differences) == {
-        "rotary, state cache",
-        "rotary, key/value cache",
-        "sinusoidal, state cache",
-    }
-    for way, difference in differences.items():
-        assert difference <= 1e-5, (way, difference)
+def test_tiny_llama_generates_the_same_tokens_in_keras_and_onnxruntime_alone():
+    tiny_llama = load_example("tiny_llama")
+    results = tiny_llama.main(["--tiny"])
+    first_loss, last_loss = results["loss"]
+    assert last_loss < first_loss - 0.5, results["loss"]  # it learned something
+    assert results["traces"] == 1  # one step function for the prompt and every new token
+    assert results["same_tokens"], results
+    assert results["max_logit_difference"] <= 1e-5, results
+    assert results["onnx_process_imported"] == []  # onnxruntime and numpy only
+
+
+def test_tiny_llama_continuation_reference():
+    tiny_llama = load_example("tiny_llama")
+    np.testing.assert_array_equal(
+        tiny_llama.periodic_continuation(np.array([5, 6, 7, 5, 6, 7, 5]), 5), [6, 7, 5, 6, 7]
+    )
+    np.testing.assert_array_equal(
+        tiny_llama.periodic_continuation(np.array([3, 4, 3]), 3), [4, 3, 4]
+    )
 
 
 # --------------------------------------------------------------------------------------

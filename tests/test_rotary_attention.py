@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -60,8 +62,8 @@ def _causal(query_length, key_length, batch=2):
     "layer_arguments",
     [
         {},
-        {"rotary_layout": "interleaved"},
-        {"rotary_dim": 4, "max_wavelength": 500000.0},
+        {"rope_layout": "interleaved"},
+        {"rope_dim": 4, "rope_max_wavelength": 500000.0},
         {"use_bias": False, "value_dim": 5, "output_shape": 7},
     ],
     ids=["half", "interleaved", "partial", "no-bias"],
@@ -81,7 +83,7 @@ def test_self_attention_matches_the_reference(in_mode, layer_arguments):
 
 
 def test_cross_attention_with_positions_and_masks_matches_the_reference(in_mode):
-    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_dim=6)
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM, rope_dim=6)
     signature = [
         tf.TensorSpec([None, None, WIDTH]),
         tf.TensorSpec([None, None, 10]),
@@ -254,9 +256,9 @@ def test_config_round_trip():
         4,
         value_dim=6,
         dropout=0.1,
-        max_wavelength=500.0,
-        rotary_layout="interleaved",
-        rotary_dim=2,
+        rope_max_wavelength=500.0,
+        rope_layout="interleaved",
+        rope_dim=2,
         name="attention",
     )
     config = layer.get_config()
@@ -269,7 +271,7 @@ def test_config_round_trip():
 
 def test_keras_file_round_trip(tmp_path):
     inputs = keras.Input((None, WIDTH))
-    attention = RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_layout="interleaved", rotary_dim=4)
+    attention = RotaryMultiHeadAttention(HEADS, KEY_DIM, rope_layout="interleaved", rope_dim=4)
     model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True))
     path = tmp_path / "attention.keras"
     model.save(path)
@@ -318,12 +320,12 @@ def test_odd_key_dim_is_an_error_naming_it():
 
 def test_rotary_dim_wider_than_the_head_is_an_error():
     with pytest.raises(ValueError, match=r"rotary_dim=16 is larger than the feature axis \(8\)"):
-        RotaryMultiHeadAttention(HEADS, 8, rotary_dim=16)(tf.zeros((1, 3, 4)), tf.zeros((1, 3, 4)))
+        RotaryMultiHeadAttention(HEADS, 8, rope_dim=16)(tf.zeros((1, 3, 4)), tf.zeros((1, 3, 4)))
 
 
 def test_unknown_rotary_layout_is_an_error():
     with pytest.raises(ValueError, match=r"Unknown layout 'concat'"):
-        RotaryMultiHeadAttention(HEADS, KEY_DIM, rotary_layout="concat")
+        RotaryMultiHeadAttention(HEADS, KEY_DIM, rope_layout="concat")
 
 
 def test_bad_positions_are_errors_naming_the_value():
@@ -356,3 +358,142 @@ def test_position_arguments_work_in_the_functional_api():
     np.testing.assert_allclose(eager.numpy(), shifted.numpy(), atol=1e-5)
     with_positions = attention(x, x, query_positions=np.arange(5) * 3, use_causal_mask=True)
     assert np.abs(with_positions.numpy() - shifted.numpy()).max() > 1e-3
+
+
+# --- The house: names, weights, the fused causal path, re-entrant calls ------------------
+
+
+def test_the_old_rope_names_are_still_read():
+    old = {
+        "max_wavelength": 500.0,
+        "rotary_layout": "interleaved",
+        "rotary_dim": 4,
+        "rotary_scaling": {"rope_type": "linear", "factor": 2.0},
+    }
+    new = RotaryMultiHeadAttention(HEADS, KEY_DIM, name="a", **old)
+    config = new.get_config()
+    assert {k: config[k] for k in ("rope_max_wavelength", "rope_layout", "rope_dim")} == {
+        "rope_max_wavelength": 500.0,
+        "rope_layout": "interleaved",
+        "rope_dim": 4,
+    }
+    assert config["rope_scaling"]["factor"] == 2.0
+    assert not set(old) & set(config)
+    # A config saved before the rename (old names in place of the new ones) loads.
+    saved = {k: v for k, v in config.items() if not k.startswith("rope_")} | old
+    assert RotaryMultiHeadAttention.from_config(saved).get_config() == config
+    with pytest.raises(ValueError, match="both rope_dim=2 and its old name rotary_dim=4"):
+        RotaryMultiHeadAttention(HEADS, KEY_DIM, rope_dim=2, rotary_dim=4)
+
+
+def test_the_weights_are_exactly_multi_head_attentions():
+    x = _normal((2, 5, WIDTH), 12)
+    for options in ({}, {"use_bias": False, "value_dim": 5, "output_shape": 7}):
+        rotary = RotaryMultiHeadAttention(HEADS, KEY_DIM, **options)
+        plain = keras.layers.MultiHeadAttention(HEADS, KEY_DIM, **options)
+        rotary(x, x)
+        plain(x, x)
+        # The same variables under the same names within the layer.
+        assert [(w.path.split("/", 1)[1], w.shape) for w in rotary.weights] == [
+            (w.path.split("/", 1)[1], w.shape) for w in plain.weights
+        ]
+        # Same weights, no rotation at all (all positions 0): the same outputs.
+        plain.set_weights(rotary.get_weights())
+        zeros = np.zeros(5, np.int32)
+        np.testing.assert_allclose(
+            rotary(x, x, query_positions=zeros, key_positions=zeros),
+            plain(x, x),
+            rtol=0,
+            atol=1e-6,
+        )
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_use_causal_mask_equals_an_explicit_causal_mask(in_mode):
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = _normal((2, 7, WIDTH), 13)
+    causal = tf.constant(_causal(7, 7))
+    attend = in_mode(
+        lambda x, s: (
+            layer(x, x, use_causal_mask=True, query_start_index=s, key_start_index=s),
+            layer(x, x, attention_mask=causal, query_start_index=s, key_start_index=s),
+            layer(x, x, use_causal_mask=True, return_attention_scores=True)[0],
+        ),
+        [tf.TensorSpec([2, 7, WIDTH]), tf.TensorSpec([], tf.int32)],
+    )
+    fused, masked, explicit = attend(tf.constant(x), tf.constant(40))
+    expected, _ = _expected(
+        layer, x, x, query_positions=np.arange(7), key_positions=np.arange(7), attention_mask=causal
+    )
+    for got in (fused, masked, explicit):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE)
+
+
+def test_the_fused_attention_path_is_used_without_scores():
+    """No `_compute_attention` override: Keras's `ops.dot_product_attention` does the work."""
+    assert "_compute_attention" not in vars(RotaryMultiHeadAttention)
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = tf.zeros((1, 4, WIDTH))
+    layer(x, x)
+    calls = []
+    original = keras.ops.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(tuple(kwargs["mask"].shape))
+        return original(*args, **kwargs)
+
+    keras.ops.dot_product_attention = spy
+    try:
+        layer(x, x, use_causal_mask=True)
+        layer(x, x, use_causal_mask=True, return_attention_scores=True)
+    finally:
+        keras.ops.dot_product_attention = original
+    # The causal mask made of LiteRT built-in ops (the TensorFlow backend's `is_causal`
+    # makes the same one with a Flex op); with scores, the explicit product instead.
+    assert calls == [(1, 1, 4, 4)]
+
+
+def _threads(work, count=8):
+    errors, results = [], {}
+    barrier = threading.Barrier(count)
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = work(i)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("tracing", [False, True], ids=["eager", "tracing"])
+def test_concurrent_calls_keep_their_own_positions(tracing):
+    """One layer, 8 threads, each with its own start: each gets its own answer."""
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    x = _normal((1, 4, WIDTH), 14)
+    layer(x, x)
+    starts = [0, 1, 7, 100, 4093, 5000, 70000, 2**20]
+    expected = {
+        i: _expected(layer, x, x, query_positions=np.arange(s, s + 4), key_positions=np.arange(4))[
+            0
+        ]
+        for i, s in enumerate(starts)
+    }
+
+    def work(i):
+        if tracing:
+            # Each thread traces its own function with a Python int start at the same time.
+            call = tf.function(lambda: layer(x, x, query_start_index=starts[i]))
+            return [call().numpy() for _ in range(3)]
+        return [layer(x, x, query_start_index=starts[i]).numpy() for _ in range(20)]
+
+    for i, outputs in _threads(work).items():
+        for output in outputs:
+            np.testing.assert_allclose(output, expected[i], rtol=0, atol=TOLERANCE)

@@ -1,0 +1,411 @@
+"""The call the rotary attention layers share: project, rotate, update the cache, attend.
+
+`RotaryMultiHeadAttention` and `RotaryGroupQueryAttention` differ only in how many key/value
+heads they project; everything after the projections lives here, once. Positions travel
+with the call (never on the instance), so one layer can serve several threads at a time.
+
+With a `cache` of shape `(batch, 2, max_length, num_key_value_heads, head_dim)` the new keys
+are rotated at their own positions and written, rotated, at `cache_update_index`; the
+queries attend over the whole cache through a mask that hides the slots not filled yet, so
+every shape is static and one compiled step serves every position.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+# Private Keras API (as MultiHeadAttention uses it): a tensor's Keras mask, read and cleared.
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
+from keras_posenc._kv_cache import (
+    checked_slots,
+    checked_update_index,
+    columns,
+    static_size,
+    written,
+)
+from keras_posenc.positions import positions_from_mask
+from keras_posenc.rotary import RotaryEmbedding
+
+# The RoPE options' names before they shared the `rope_` prefix: still read by the
+# constructors and `from_config` (so `.keras` files saved before the rename load).
+OLD_ROPE_NAMES = {
+    "max_wavelength": "rope_max_wavelength",
+    "rotary_layout": "rope_layout",
+    "rotary_dim": "rope_dim",
+    "rotary_scaling": "rope_scaling",
+}
+ROPE_DEFAULTS = {
+    "rope_max_wavelength": 10000.0,
+    "rope_layout": "half",
+    "rope_dim": None,
+    "rope_scaling": None,
+}
+
+
+def renamed_rope_options(options: dict, kwargs: dict) -> dict:
+    """`options` (the `rope_*` arguments) with any old name in `kwargs` moved in (popped)."""
+    options = dict(options)
+    for old, new in OLD_ROPE_NAMES.items():
+        if old not in kwargs:
+            continue
+        value = kwargs.pop(old)
+        if options[new] != ROPE_DEFAULTS[new] and options[new] != value:
+            raise ValueError(
+                f"Got both {new}={options[new]!r} and its old name {old}={value!r}; "
+                f"pass {new} only."
+            )
+        options[new] = value
+    return options
+
+
+class RotaryAttention:
+    """Mixin for a Keras attention layer whose projected queries and keys are rotated.
+
+    Listed before the Keras base class, it replaces the base's `call`; the base keeps its
+    weights, masks (`_compute_attention_mask`) and softmax. A subclass defines
+    `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim, value_dim)`,
+    `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
+    """
+
+    def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
+        self.rotary_embedding = RotaryEmbedding(
+            max_wavelength=options["rope_max_wavelength"],
+            layout=options["rope_layout"],
+            rotary_dim=options["rope_dim"],
+            scaling=options["rope_scaling"],
+            sequence_axis=1,
+            feature_axis=-1,
+            dtype=self.dtype_policy,
+            name="rotary_embedding",
+        )
+        if not isinstance(positions_from_mask, (bool, np.bool_)):
+            raise TypeError(
+                f"positions_from_mask must be True or False, got {positions_from_mask!r}."
+            )
+        self.positions_from_mask = bool(positions_from_mask)
+
+    def _build_rotary(self) -> None:
+        # Queries and keys share the head size, whatever their number of heads.
+        self.rotary_embedding.build((None, None, None, self._head_counts()[2]))
+
+    def _rope_config(self) -> dict:
+        rope = self.rotary_embedding
+        return {
+            "rope_max_wavelength": rope.max_wavelength,
+            "rope_layout": rope.layout,
+            "rope_dim": rope.rotary_dim,
+            "rope_scaling": rope.scaling,
+            "positions_from_mask": self.positions_from_mask,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict):
+        config = dict(config)
+        for old, new in OLD_ROPE_NAMES.items():
+            if old in config:
+                config.setdefault(new, config.pop(old))
+        return super().from_config(config)
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        query_positions=None,
+        key_positions=None,
+        query_start_index=0,
+        key_start_index=0,
+        cache=None,
+        cache_update_index=None,
+        cache_mask=None,
+    ):
+        key_given = key is not None
+        key = value if key is None else key
+        if query_mask is None:
+            query_mask = get_keras_mask(query)
+        # The masks are applied here; the projections must not see (and warn about) them.
+        for tensor in (query, value, key):
+            set_keras_mask(tensor, None)
+
+        gate = self._gate_dense(query) if self._uses_gate() else None
+        query_heads = self._query_dense(query)
+        key_heads = self._key_dense(key)
+        value_heads = self._value_dense(value)
+
+        if cache is None:
+            if cache_update_index is not None or cache_mask is not None:
+                raise ValueError(
+                    "cache_update_index and cache_mask need a `cache` (batch, 2, max_length, "
+                    "num_key_value_heads, head_dim); without one, give positions as "
+                    "query_positions / query_start_index."
+                )
+            if self.positions_from_mask:
+                own_key_mask = key_mask if key_given else value_mask
+                if query_positions is None and query_mask is not None:
+                    query_positions = positions_from_mask(query_mask, query_start_index)
+                    query_start_index = 0
+                if key_positions is None and own_key_mask is not None:
+                    key_positions = positions_from_mask(own_key_mask, key_start_index)
+                    key_start_index = 0
+            query_heads = self.rotary_embedding(
+                query_heads, positions=query_positions, start_index=query_start_index
+            )
+            key_heads = self.rotary_embedding(
+                key_heads, positions=key_positions, start_index=key_start_index
+            )
+            causal_only = (
+                use_causal_mask
+                and query_mask is None
+                and value_mask is None
+                and key_mask is None
+                and attention_mask is None
+                and self._window() is None
+            )
+            if not causal_only:
+                attention_mask = self._compute_attention_mask(
+                    query,
+                    value,
+                    query_mask=query_mask,
+                    value_mask=value_mask,
+                    key_mask=key_mask,
+                    attention_mask=attention_mask,
+                    use_causal_mask=use_causal_mask,
+                )
+            new_cache = None
+        else:
+            if return_attention_scores:
+                raise ValueError(
+                    "return_attention_scores is not supported with a cache; call without "
+                    "one (the full causal pass gives the same outputs) to see the scores."
+                )
+            if value_mask is not None or key_mask is not None:
+                raise ValueError(
+                    "With a cache the keys are the cache's slots: give their padding as "
+                    "cache_mask (batch, max_length), not value_mask / key_mask (this call's "
+                    "tokens only; they would be forgotten at the next step)."
+                )
+            if not (
+                isinstance(query_start_index, (int, np.integer))
+                and isinstance(key_start_index, (int, np.integer))
+                and query_start_index == key_start_index == 0
+            ):
+                raise ValueError(
+                    "With a cache the positions run from cache_update_index: pass "
+                    "query_positions / key_positions for others, not start indices."
+                )
+            query_heads, key_heads, value_heads, attention_mask, new_cache = self._use_cache(
+                cache,
+                cache_update_index,
+                cache_mask,
+                query_heads,
+                key_heads,
+                value_heads,
+                query_positions,
+                key_positions,
+                query_mask,
+                attention_mask,
+                use_causal_mask,
+            )
+            causal_only = False
+
+        output, scores = self._attend(
+            query_heads,
+            key_heads,
+            value_heads,
+            attention_mask,
+            causal_only,
+            training,
+            return_attention_scores,
+        )
+        output = self._output_dense(output if gate is None else ops.multiply(output, gate))
+        if query_mask is not None:
+            set_keras_mask(output, query_mask)
+        if new_cache is not None:
+            return output, new_cache
+        if return_attention_scores:
+            return output, scores
+        return output
+
+    def _use_cache(
+        self,
+        cache,
+        cache_update_index,
+        cache_mask,
+        query_heads,
+        key_heads,
+        value_heads,
+        query_positions,
+        key_positions,
+        query_mask,
+        attention_mask,
+        use_causal_mask,
+    ):
+        """Rotate the new queries and keys, write keys and values, and mask the unfilled slots."""
+        _, kv_heads, key_dim, value_dim = self._head_counts()
+        cache = tf.convert_to_tensor(cache)
+        if key_dim != value_dim:
+            raise ValueError(
+                f"A cache holds keys and values of one size, but key_dim={key_dim} and "
+                f"value_dim={value_dim}; leave value_dim None to use a cache."
+            )
+        shape = cache.shape
+        if shape.rank != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
+            raise ValueError(
+                "cache must have shape (batch, 2, max_length, num_key_value_heads, head_dim) "
+                f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {shape}."
+            )
+        if shape[2] is None:
+            raise ValueError("The cache's max_length (axis 2) must be known, got None.")
+        max_length = int(shape[2])
+        if cache_update_index is None:
+            raise ValueError(
+                "A cache needs cache_update_index: the slot of the first new token (the "
+                "number of tokens already in the cache; 0 for the prefill)."
+            )
+        index = checked_update_index(cache_update_index)
+        steps, new = static_size(query_heads, 1), static_size(key_heads, 1)
+
+        valid = checked_slots(index, new, max_length)
+
+        if cache_mask is not None:
+            cache_mask = tf.convert_to_tensor(cache_mask)
+            if cache_mask.shape.rank != 2 or cache_mask.shape[1] not in (None, max_length):
+                raise ValueError(
+                    f"cache_mask must have shape (batch, max_length={max_length}), "
+                    f"got {cache_mask.shape}: one entry per cache slot, false for padding."
+                )
+        if self.positions_from_mask and cache_mask is not None:
+            # A slot's position: the real tokens before it (the query of a decode step too).
+            slots = positions_from_mask(cache_mask)
+            if query_positions is None:
+                query_positions = columns(slots, index, steps)
+            if key_positions is None:
+                key_positions = columns(slots, index, new)
+        elif key_positions is None and query_positions is not None:
+            # The new keys are the new tokens: by default they sit where the queries do.
+            key_positions = query_positions
+        if query_positions is None:
+            query_heads = self.rotary_embedding(query_heads, start_index=index)
+        else:
+            query_heads = self.rotary_embedding(query_heads, positions=query_positions)
+        if key_positions is None:
+            key_heads = self.rotary_embedding(key_heads, start_index=index)
+        else:
+            key_heads = self.rotary_embedding(key_heads, positions=key_positions)
+        if valid is not None:
+            # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
+            # the select covers the new tokens only, and an exported graph stays safe
+            # whichever way it was traced.
+            query_heads, key_heads, value_heads = (
+                tf.where(valid, x, tf.constant(float("nan"), x.dtype))
+                for x in (query_heads, key_heads, value_heads)
+            )
+
+        update = tf.cast(tf.stack([key_heads, value_heads], axis=1), cache.dtype)
+        new_cache = written(cache, update, index, new, max_length)
+        keys, values = new_cache[:, 0], new_cache[:, 1]
+
+        slot = tf.range(max_length)[None, None, :]
+        query_slot = index + tf.range(steps)[None, :, None]
+        visible = slot < index + new  # the filled part only
+        if use_causal_mask:
+            visible &= slot <= query_slot
+        if self._window() is not None:
+            visible &= tf.abs(query_slot - slot) < self._window()
+        if cache_mask is not None:
+            visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
+        if query_mask is not None:
+            visible &= tf.cast(query_mask, tf.bool)[:, :, None]
+        if attention_mask is not None:
+            visible &= tf.cast(attention_mask, tf.bool)
+        return query_heads, keys, values, visible, new_cache
+
+    def _attend(self, query, key, value, mask, causal_only, training, return_scores):
+        """Dot-product attention of `(batch, steps, heads, dim)` heads, Keras's way.
+
+        Key/value heads are repeated for the query groups here, after the rotation (and
+        after the cache). Without scores or active dropout this is Keras's
+        `ops.dot_product_attention` (the backend's fused attention, flash when enabled);
+        otherwise the explicit product and the base layer's masked softmax.
+        """
+        query_heads, kv_heads, _, _ = self._head_counts()
+        if query_heads != kv_heads:
+            key = ops.repeat(key, query_heads // kv_heads, axis=2)
+            value = ops.repeat(value, query_heads // kv_heads, axis=2)
+        if self._flash_attention and return_scores:
+            raise ValueError(
+                "Returning attention scores is not supported when flash attention is "
+                "enabled. Please disable flash attention to access attention scores."
+            )
+        dropout = self.dropout > 0.0 and bool(training)
+        if not (return_scores or dropout):
+            if causal_only:
+                # What `is_causal=True` makes on the TensorFlow backend (no kernel of its
+                # own there), but with built-in LiteRT ops: the backend's `mask[None, None]`
+                # is a StridedSlice with new axes that LiteRT runs only as a Flex op.
+                steps = ops.arange(ops.shape(query)[1])
+                mask = ops.expand_dims(steps, 1) >= ops.expand_dims(
+                    ops.arange(ops.shape(key)[1]), 0
+                )
+            if mask is not None:
+                mask = ops.cast(mask, "bool")
+                while len(mask.shape) < 4:
+                    mask = ops.expand_dims(mask, axis=-3)  # the heads' axis
+            output = ops.dot_product_attention(
+                query,
+                key,
+                value,
+                mask=mask,
+                scale=self._scale(),
+                flash_attention=self._flash_attention,
+            )
+            return output, None
+        if causal_only:
+            mask = self._compute_causal_mask(query, value)
+        query = ops.multiply(query, ops.cast(self._scale(), query.dtype))
+        scores = ops.einsum("btnh,bsnh->bnts", query, key)
+        scores = self._masked_softmax(scores, mask)
+        dropped = self._dropout_layer(scores, training=training) if dropout else scores
+        return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        query_positions=None,
+        key_positions=None,
+        query_start_index=0,
+        key_start_index=0,
+        cache=None,
+        cache_update_index=None,
+        cache_mask=None,
+    ):
+        # Positions change values, not shapes; a cache comes back with its own shape.
+        spec = super().compute_output_spec(
+            query,
+            value,
+            key=key,
+            return_attention_scores=return_attention_scores and cache is None,
+        )
+        if cache is None:
+            return spec
+        return spec, keras.KerasTensor(cache.shape, dtype=cache.dtype)

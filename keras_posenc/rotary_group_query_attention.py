@@ -1,0 +1,106 @@
+"""`RotaryGroupQueryAttention`: grouped-query attention with RoPE on projected queries and keys."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttention):
+    """`keras.layers.GroupQueryAttention` whose projected queries and keys are rotated (RoPE).
+
+    The attention of Llama 3, Qwen, Mistral: `num_query_heads` query heads share
+    `num_key_value_heads` key/value heads (`num_key_value_heads == num_query_heads` is
+    multi-head attention, 1 is multi-query attention). Keys are rotated (and cached)
+    before they are repeated for the query groups. Same weights as `GroupQueryAttention`.
+
+    Example:
+
+    >>> attention = RotaryGroupQueryAttention(
+    ...     head_dim=16, num_query_heads=4, num_key_value_heads=2, rope_max_wavelength=500000.0
+    ... )
+    >>> x = np.random.normal(size=(2, 10, 64)).astype("float32")
+    >>> tuple(attention(x, x, use_causal_mask=True).shape)
+    (2, 10, 64)
+    >>> cache = np.zeros((2, 2, 32, 2, 16), "float32")  # (batch, 2, max_length, kv heads, head_dim)
+    >>> output, cache = attention(x, x, use_causal_mask=True, cache=cache, cache_update_index=0)
+    >>> token = x[:, :1]
+    >>> output, cache = attention(token, token, cache=cache, cache_update_index=10)
+    >>> tuple(output.shape), tuple(cache.shape)
+    ((2, 1, 64), (2, 2, 32, 2, 16))
+
+    Args:
+        head_dim: size of each attention head.
+        num_query_heads: number of query heads.
+        num_key_value_heads: number of key/value heads; divides `num_query_heads`.
+        rope_max_wavelength: the RoPE base (`RotaryEmbedding`'s `max_wavelength`).
+        rope_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
+        rope_dim: rotate only the first `rope_dim` channels of each head.
+        rope_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
+        positions_from_mask: derive query / key positions from their padding masks
+            (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded; with a
+            cache, from `cache_mask`.
+        **kwargs: the other `keras.layers.GroupQueryAttention` arguments. The names before
+            the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
+            `rotary_scaling`) are still accepted.
+
+    Call arguments:
+        query, value, key, query_mask, value_mask, key_mask, attention_mask,
+        return_attention_scores, training, use_causal_mask: as in `GroupQueryAttention`.
+        query_positions, key_positions, query_start_index, key_start_index, cache,
+        cache_update_index, cache_mask: as in `RotaryMultiHeadAttention`, with a cache of
+            shape `(batch, 2, max_length, num_key_value_heads, head_dim)`.
+
+    Output shape: `(batch, query_sequence, features)`, as `GroupQueryAttention`; with a
+    cache, `(output, updated_cache)`.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        num_query_heads: int,
+        num_key_value_heads: int,
+        rope_max_wavelength: float = ROPE_DEFAULTS["rope_max_wavelength"],
+        rope_layout: str = ROPE_DEFAULTS["rope_layout"],
+        rope_dim: int | None = ROPE_DEFAULTS["rope_dim"],
+        rope_scaling: dict | None = ROPE_DEFAULTS["rope_scaling"],
+        positions_from_mask: bool = False,
+        **kwargs,
+    ):
+        options = renamed_rope_options(
+            {
+                "rope_max_wavelength": rope_max_wavelength,
+                "rope_layout": rope_layout,
+                "rope_dim": rope_dim,
+                "rope_scaling": rope_scaling,
+            },
+            kwargs,
+        )
+        super().__init__(head_dim, num_query_heads, num_key_value_heads, **kwargs)
+        self._init_rotary(options, positions_from_mask)
+
+    def build(self, query_shape, value_shape, key_shape=None) -> None:
+        if len(query_shape) != 3:
+            raise ValueError(
+                "RotaryGroupQueryAttention takes queries of shape (batch, sequence, features), "
+                f"got shape {tuple(query_shape)}."
+            )
+        super().build(query_shape, value_shape, key_shape)
+        self._build_rotary()
+
+    def _head_counts(self) -> tuple[int, int, int, int]:
+        return self.num_query_heads, self.num_key_value_heads, self.head_dim, self.head_dim
+
+    def _scale(self) -> float:
+        return self._inverse_sqrt_head_dim
+
+    def _window(self) -> int | None:
+        return self.sliding_window
+
+    def _uses_gate(self) -> bool:
+        return self.use_gate
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), **self._rope_config()}

@@ -1,0 +1,190 @@
+"""`RotaryGroupQueryAttention` against grouped-query attention written by hand in float64.
+
+Grouped-query attention is multi-head attention whose query head `h` reads key/value
+head `h // (num_query_heads // num_key_value_heads)`: the reference repeats the key and
+value kernels that way and runs `reference.multi_head_attention`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import reference
+import tensorflow as tf
+
+from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
+
+HEAD_DIM, QUERY_HEADS, WIDTH = 8, 4, 12
+TOLERANCE = 1e-5
+
+
+def _randomised(layer, seed=0):
+    rng = np.random.default_rng(seed)
+    layer.set_weights([rng.normal(0, 0.4, w.shape).astype(np.float32) for w in layer.weights])
+    return layer
+
+
+def _weights(layer) -> dict:
+    groups = layer.num_query_heads // layer.num_key_value_heads
+    weights = {}
+    for name, dense in [
+        ("query", layer._query_dense),
+        ("key", layer._key_dense),
+        ("value", layer._value_dense),
+        ("output", layer._output_dense),
+    ]:
+        kernel = dense.kernel.numpy().astype(np.float64)
+        bias = None if dense.bias is None else dense.bias.numpy().astype(np.float64)
+        if name in ("key", "value"):
+            kernel = np.repeat(kernel, groups, axis=1)
+            bias = None if bias is None else np.repeat(bias, groups, axis=0)
+        weights[name + "_kernel"] = kernel
+        if bias is not None:
+            weights[name + "_bias"] = bias
+    return weights
+
+
+def _expected(layer, query, value, query_positions, key_positions, **options):
+    rope = layer.rotary_embedding
+    positions = {"query": query_positions, "key": key_positions}
+
+    def rotate(projected, which):
+        return reference.rotary(
+            projected,
+            positions[which],
+            max_wavelength=rope.max_wavelength,
+            layout=rope.layout,
+            rotary_dim=rope.rotary_dim,
+        )
+
+    return reference.multi_head_attention(query, value, _weights(layer), rotate=rotate, **options)
+
+
+def _normal(shape, seed):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "kv_heads, options",
+    [
+        (2, {}),
+        (1, {"rope_layout": "interleaved"}),
+        (2, {"rope_dim": 4, "rope_max_wavelength": 500000.0, "use_bias": False}),
+        (4, {"rope_layout": "interleaved"}),
+    ],
+    ids=["gqa", "mqa-interleaved", "partial-no-bias", "mha"],
+)
+def test_matches_the_reference(in_mode, kv_heads, options):
+    layer = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, kv_heads, **options)
+    layer(tf.zeros((1, 2, WIDTH)), tf.zeros((1, 3, WIDTH)))
+    _randomised(layer)
+    attend = in_mode(
+        lambda q, v, s, p: (
+            layer(q, v, query_start_index=s, key_positions=p),
+            layer(q, v, use_causal_mask=True, return_attention_scores=True),
+        ),
+        [
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([None, None, WIDTH]),
+            tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([None, None], tf.int32),
+        ],
+    )
+    query, value = _normal((2, 6, WIDTH), 1), _normal((2, 6, WIDTH), 2)
+    key_positions = np.array([[0, 1, 2, 3, 4, 5], [9, 4000, 4100, 2, 70000, 6]], np.int32)
+    (shifted, (causal, scores)) = attend(query, value, tf.constant(4090), key_positions)
+    expected, _ = _expected(layer, query, value, np.arange(4090, 4096), key_positions)
+    np.testing.assert_allclose(shifted, expected, rtol=0, atol=TOLERANCE)
+    mask = np.broadcast_to(np.tri(6, dtype=bool), (2, 6, 6))
+    expected, expected_scores = _expected(
+        layer, query, value, np.arange(6), np.arange(6), attention_mask=mask
+    )
+    np.testing.assert_allclose(causal, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+
+
+def test_equal_head_counts_are_rotary_multi_head_attention():
+    gqa = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, QUERY_HEADS, rope_layout="interleaved")
+    mha = RotaryMultiHeadAttention(QUERY_HEADS, HEAD_DIM, rope_layout="interleaved")
+    x = _normal((2, 7, WIDTH), 3)
+    gqa(x, x)
+    mha(x, x)
+    _randomised(gqa)
+    mha.set_weights(gqa.get_weights())
+    for kwargs in ({"use_causal_mask": True}, {"query_start_index": 300}):
+        np.testing.assert_allclose(gqa(x, x, **kwargs), mha(x, x, **kwargs), atol=1e-6)
+
+
+def test_the_weights_are_exactly_group_query_attentions():
+    x = _normal((2, 5, WIDTH), 4)
+    rotary = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2, use_gate=True)
+    plain = keras.layers.GroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2, use_gate=True)
+    rotary(x, x)
+    plain(x, x)
+    assert [w.shape for w in rotary.weights] == [w.shape for w in plain.weights]
+    assert [w.path.split("/", 1)[1] for w in rotary.weights] == [
+        w.path.split("/", 1)[1] for w in plain.weights
+    ]
+    _randomised(rotary)
+    plain.set_weights(rotary.get_weights())
+    zeros = np.zeros(5, np.int32)  # no rotation: the plain layer's outputs, gate included
+    np.testing.assert_allclose(
+        rotary(x, x, query_positions=zeros, key_positions=zeros), plain(x, x), atol=1e-6
+    )
+
+
+def test_left_padded_rows_attend_as_unpadded_with_positions_from_mask():
+    layer = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2, positions_from_mask=True)
+    tokens = _normal((1, 5, WIDTH), 5)
+    padded = np.concatenate([_normal((1, 3, WIDTH), 6), tokens], axis=1)
+    mask = np.array([[False] * 3 + [True] * 5])
+    alone = layer(tokens, tokens, use_causal_mask=True)
+    _randomised(layer)
+    alone = layer(tokens, tokens, use_causal_mask=True).numpy()
+    got = layer(padded, padded, query_mask=mask, value_mask=mask, use_causal_mask=True)
+    np.testing.assert_allclose(got.numpy()[:, 3:], alone, rtol=0, atol=TOLERANCE)
+
+
+def test_config_and_keras_file_round_trip(tmp_path):
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    layer = RotaryGroupQueryAttention(
+        HEAD_DIM,
+        QUERY_HEADS,
+        2,
+        rope_max_wavelength=500.0,
+        rope_layout="interleaved",
+        rope_dim=4,
+        rope_scaling=scaling,
+        positions_from_mask=True,
+        name="attention",
+    )
+    config = layer.get_config()
+    assert RotaryGroupQueryAttention.from_config(config).get_config() == config
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs, inputs, use_causal_mask=True))
+    _randomised(layer)
+    path = tmp_path / "gqa.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    x = _normal((2, 6, WIDTH), 7)
+    np.testing.assert_array_equal(loaded(x), model(x))
+    assert loaded.get_layer("attention").get_config() == config
+
+
+def test_a_cached_call_in_the_functional_api_returns_output_and_cache():
+    tokens = keras.Input((None, WIDTH))
+    cache = keras.Input((2, 10, 2, HEAD_DIM))
+    index = keras.Input((), dtype="int32", batch_size=1)
+    layer = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2)
+    output, new_cache = layer(
+        tokens, tokens, use_causal_mask=True, cache=cache, cache_update_index=index[0]
+    )
+    assert tuple(output.shape) == (None, None, WIDTH)
+    assert tuple(new_cache.shape) == (None, 2, 10, 2, HEAD_DIM)
+    model = keras.Model([tokens, cache, index], [output, new_cache])
+    x = _normal((1, 4, WIDTH), 8)
+    empty = np.zeros((1, 2, 10, 2, HEAD_DIM), np.float32)
+    got, filled = model([x, empty, np.array([0], np.int32)])
+    np.testing.assert_allclose(got, layer(x, x, use_causal_mask=True), atol=1e-6)
+    assert np.abs(filled.numpy()[:, :, :4]).min() > 0 and not filled.numpy()[:, :, 4:].any()
