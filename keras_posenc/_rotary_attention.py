@@ -17,9 +17,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-# Private Keras API (as MultiHeadAttention uses it): a tensor's Keras mask, read and cleared.
-from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
-
+from keras_posenc import _tf
 from keras_posenc._kv_cache import (
     checked_slots,
     checked_update_index,
@@ -70,6 +68,23 @@ class RotaryAttention:
     `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim, value_dim)`,
     `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
+
+    # The head arguments' names in `transformers_config.attention_arguments`.
+    _CONFIG_FORM = "gqa"
+
+    @classmethod
+    def from_transformers_config(cls, config, layer_type: str | None = None, **overrides):
+        """The attention layer a transformers model config describes: heads, head size, RoPE.
+
+        Args:
+            config: a transformers config or its dict (see `keras_posenc.transformers_config`).
+            layer_type: the layer type to read for configs with RoPE per layer type.
+            **overrides: further layer arguments, or ones replacing what the config gives.
+        """
+        from keras_posenc.transformers_config import attention_arguments
+
+        arguments = attention_arguments(config, layer_type, form=cls._CONFIG_FORM)
+        return cls(**{**arguments, **overrides})
 
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
         self.rotary_embedding = RotaryEmbedding(
@@ -133,10 +148,10 @@ class RotaryAttention:
         key_given = key is not None
         key = value if key is None else key
         if query_mask is None:
-            query_mask = get_keras_mask(query)
+            query_mask = _tf.get_keras_mask(query)
         # The masks are applied here; the projections must not see (and warn about) them.
         for tensor in (query, value, key):
-            set_keras_mask(tensor, None)
+            _tf.set_keras_mask(tensor, None)
 
         gate = self._gate_dense(query) if self._uses_gate() else None
         query_heads = self._query_dense(query)
@@ -230,7 +245,7 @@ class RotaryAttention:
         )
         output = self._output_dense(output if gate is None else ops.multiply(output, gate))
         if query_mask is not None:
-            set_keras_mask(output, query_mask)
+            _tf.set_keras_mask(output, query_mask)
         if new_cache is not None:
             return output, new_cache
         if return_attention_scores:

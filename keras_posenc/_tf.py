@@ -307,6 +307,9 @@ def swap_pairs(x: tf.Tensor, pair_shape: list[int], pair_axis: int, axis: int, f
 # --------------------------------------------------------------------------------------
 # Private Keras APIs
 
+# Keras's own masks on tensors (what MultiHeadAttention reads and sets); no public API.
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask  # noqa: E402, F401
+
 
 def all_layers(model) -> list:
     """The model and every layer in it, nested ones included (Keras has no public walk)."""

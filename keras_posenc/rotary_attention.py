@@ -65,6 +65,8 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
     cache, `(output, updated_cache)`.
     """
 
+    _CONFIG_FORM = "mha"
+
     def __init__(
         self,
         num_heads: int,

@@ -362,8 +362,8 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             (`num_heads`, `key_dim`) and refuses a config with fewer key-value heads.
 
     Returns:
-        The head arguments and `max_wavelength`, `rotary_layout`, `rotary_dim`,
-        `rotary_scaling`.
+        The head arguments and `rope_max_wavelength`, `rope_layout`, `rope_dim`,
+        `rope_scaling` (and the M-RoPE options of a multimodal family).
 
     Example:
 
@@ -391,11 +391,16 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads="
             f"{key_value_heads}."
         )
+    if "mrope_section" in rotary:
+        raise ValueError(
+            f"{model_type} uses multimodal RoPE, which the attention layers do not take; build "
+            "a RotaryEmbedding with from_transformers_config and apply it to q and k."
+        )
     options = {
-        "max_wavelength": rotary["max_wavelength"],
-        "rotary_layout": rotary["layout"],
-        "rotary_dim": rotary["rotary_dim"],
-        "rotary_scaling": rotary["scaling"],
+        "rope_max_wavelength": rotary["max_wavelength"],
+        "rope_layout": rotary["layout"],
+        "rope_dim": rotary["rotary_dim"],
+        "rope_scaling": rotary["scaling"],
     }
     if form == "gqa":
         heads_arguments = {

@@ -19,6 +19,7 @@ import tensorflow as tf
 from keras_posenc import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
+    RotaryGroupQueryAttention,
     RotaryMultiHeadAttention,
     SinusoidalPositionalEncoding,
 )
@@ -31,7 +32,7 @@ class LayerCase:
     make: Callable[[], keras.layers.Layer]
     shape: tuple  # without the batch axis
     weights: int  # number of weight values
-    attention: bool = False
+    attention: type | None = None  # the Keras attention layer it extends
 
     def call(self, layer, x, **kwargs):
         return layer(x, x, **kwargs) if self.attention else layer(x, **kwargs)
@@ -71,12 +72,21 @@ CASES = {
     "rotary_flat": LayerCase(lambda: RotaryEmbedding(max_wavelength=300.0), (None, 6), 0),
     "rotary_attention": LayerCase(
         lambda: RotaryMultiHeadAttention(
-            num_heads=2, key_dim=4, max_wavelength=500.0, rotary_dim=2, name="attention"
+            num_heads=2, key_dim=4, rope_max_wavelength=500.0, rope_dim=2, name="attention"
         ),
         (None, 8),
         # query, key and value kernels and biases (8 -> 2 x 4), output kernel and bias
         3 * (8 * 2 * 4 + 2 * 4) + (2 * 4 * 8 + 8),
-        attention=True,
+        attention=keras.layers.MultiHeadAttention,
+    ),
+    "rotary_group_query_attention": LayerCase(
+        lambda: RotaryGroupQueryAttention(
+            4, 2, 1, rope_dim=2, rope_layout="interleaved", name="group_query_attention"
+        ),
+        (None, 8),
+        # query kernel and bias (8 -> 2 x 4), key and value (8 -> 1 x 4), output (2 x 4 -> 8)
+        (8 * 2 * 4 + 2 * 4) + 2 * (8 * 1 * 4 + 4) + (2 * 4 * 8 + 8),
+        attention=keras.layers.GroupQueryAttention,
     ),
 }
 
@@ -91,6 +101,13 @@ def _inputs(case: LayerCase, batch: int = 2, length: int = 7, seed: int = 0) -> 
     return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
 
 
+def _plain(case: LayerCase):
+    """The Keras attention layer the case's layer extends, with the same heads."""
+    if case.attention is keras.layers.MultiHeadAttention:
+        return keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    return keras.layers.GroupQueryAttention(4, 2, 1)
+
+
 def _built(case: LayerCase):
     layer = case.make()
     case.call(layer, _inputs(case))
@@ -103,7 +120,7 @@ def test_config_lists_exactly_the_constructor_arguments(case):
     own = set(inspect.signature(type(layer).__init__).parameters) - {"self", "kwargs"}
     base = set(keras.layers.Layer().get_config())
     if case.attention:
-        parent = keras.layers.MultiHeadAttention(num_heads=1, key_dim=1).get_config()
+        parent = _plain(case).get_config()
         base |= set(parent)
     assert own <= set(config)
     assert set(config) - base == own - base
@@ -211,7 +228,7 @@ def test_weight_counts(case):
     layer = _built(case)
     assert sum(int(np.prod(w.shape)) for w in layer.weights) == case.weights
     if case.attention:
-        plain = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+        plain = _plain(case)
         x = _inputs(case)
         plain(x, x)
         assert [tuple(w.shape) for w in layer.weights] == [tuple(w.shape) for w in plain.weights]

@@ -19,6 +19,7 @@ LAYERS = [
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "RotaryMultiHeadAttention",
+    "RotaryGroupQueryAttention",
     "SinusoidalInitializer",
 ]
 
@@ -42,7 +43,15 @@ def test_registered_for_keras_serialization(name):
 
 @pytest.mark.parametrize(
     "module",
-    ["sinusoidal", "learned", "rotary", "rotary_attention"],
+    [
+        "sinusoidal",
+        "learned",
+        "rotary",
+        "rotary_attention",
+        "rotary_group_query_attention",
+        "axes",
+        "transformers_config",
+    ],
 )
 def test_docstring_examples_run(module):
     module = __import__(f"keras_posenc.{module}", fromlist=["_"])
@@ -50,6 +59,7 @@ def test_docstring_examples_run(module):
         "np": np,
         "keras": keras,
         **{n: getattr(keras_posenc, n) for n in keras_posenc.__all__},
+        **{n: getattr(module, n) for n in dir(module) if not n.startswith("_")},
     }
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -12,7 +12,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, transformers_config
+from keras_posenc import (
+    RotaryEmbedding,
+    RotaryGroupQueryAttention,
+    RotaryMultiHeadAttention,
+    transformers_config,
+)
 from keras_posenc.transformers_config import attention_arguments, rotary_arguments
 
 LONG_48 = [1.0 + 0.25 * k for k in range(48)]
@@ -375,26 +380,35 @@ def test_attention_arguments():
         "num_query_heads": 32,
         "num_key_value_heads": 8,
         "head_dim": 128,
-        "max_wavelength": 500000.0,
-        "rotary_layout": "half",
-        "rotary_dim": None,
-        "rotary_scaling": LLAMA31["rope_scaling"],
+        "rope_max_wavelength": 500000.0,
+        "rope_layout": "half",
+        "rope_dim": None,
+        "rope_scaling": LLAMA31["rope_scaling"],
     }
     assert attention_arguments(GEMMA3, "sliding_attention")["num_key_value_heads"] == 4
     mha = attention_arguments(GPTJ, form="mha")
     assert mha == {
         "num_heads": 16,
         "key_dim": 256,
-        "max_wavelength": 1e4,
-        "rotary_layout": "interleaved",
-        "rotary_dim": 64,
-        "rotary_scaling": None,
+        "rope_max_wavelength": 1e4,
+        "rope_layout": "interleaved",
+        "rope_dim": 64,
+        "rope_scaling": None,
     }
     layer = RotaryMultiHeadAttention(**attention_arguments(PYTHIA, form="mha"))
     rope = layer.rotary_embedding
     assert (rope.rotary_dim, rope.layout, layer.num_heads, layer.key_dim) == (16, "half", 12, 64)
     with pytest.raises(ValueError, match="RotaryGroupQueryAttention"):
         attention_arguments(LLAMA31, form="mha")
+    # The layers' own readers take the same arguments.
+    gqa = RotaryGroupQueryAttention.from_transformers_config(LLAMA31, name="attention")
+    assert (gqa.num_query_heads, gqa.num_key_value_heads, gqa.head_dim) == (32, 8, 128)
+    assert gqa.rotary_embedding.scaling["rope_type"] == "llama3"
+    assert RotaryMultiHeadAttention.from_transformers_config(GPTJ).num_heads == 16
+    with pytest.raises(ValueError, match="multimodal RoPE"):
+        RotaryGroupQueryAttention.from_transformers_config(
+            {"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4}
+        )
     with pytest.raises(ValueError, match="multi-head latent attention"):
         attention_arguments(DEEPSEEK_V3)
     with pytest.raises(ValueError, match="form must be"):
