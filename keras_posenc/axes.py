@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from keras_posenc._checks import checked_positive_int, is_int
 from keras_posenc.frequencies import FrequencyTable, as_rows
+from keras_posenc.rope_scaling import rope_parameters
 
 # --------------------------------------------------------------------------------------
 # Coordinates
@@ -209,3 +210,33 @@ class AxesRows:
     def slice(self, start, length, combine=as_rows):
         run = tf.range(length) + start
         return combine(*self.gather(tf.stack([run] * self.axes, -1)))
+
+
+def axes_rotation_rows(
+    rotary_dim: int,
+    max_wavelength: float,
+    scaling: dict | None,
+    axes_dims: tuple[int, ...] | None,
+    mrope_section: tuple[int, ...] | None,
+    mrope_interleaved: bool,
+    make_rows: Callable,
+) -> AxesRows:
+    """RoPE's rows `make_rows(sin, cos)` for coordinates `(..., axes)`: axial RoPE or M-RoPE."""
+
+    if axes_dims is not None:
+        pairs = AxisPairs.axial(axes_dims, max_wavelength)
+    else:
+        parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
+        if parameters.switch_length is not None:
+            raise ValueError(
+                f"scaling of rope_type {scaling['rope_type']!r} switches frequencies by length, "
+                "which multi-axis RoPE does not do; use no scaling or a static one (linear, "
+                "yarn, llama3) with mrope_section."
+            )
+        pairs = AxisPairs.mrope(
+            parameters.inverse_frequencies,
+            mrope_section,
+            mrope_interleaved,
+            parameters.attention_factor,
+        )
+    return AxesRows(pairs.sin_cos, make_rows, pairs.axes)

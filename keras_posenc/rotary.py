@@ -26,7 +26,7 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_max_wavelength,
 )
-from keras_posenc.axes import AxesRows, AxisPairs, checked_axes_dims, checked_mrope_section
+from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
@@ -105,35 +105,6 @@ def rotation_rows(rotary_dim: int, max_wavelength: float, layout: str, scaling: 
         )
         return SwitchByLength(table, dynamic, parameters.switch_length)
     return table
-
-
-def axes_rotation_rows(
-    rotary_dim: int,
-    max_wavelength: float,
-    layout: str,
-    scaling: dict | None,
-    axes_dims: tuple[int, ...] | None,
-    mrope_section: tuple[int, ...] | None,
-    mrope_interleaved: bool,
-) -> AxesRows:
-    """Rows `(C, S)` for coordinates `(..., axes)`: axial RoPE or M-RoPE (`keras_posenc.axes`)."""
-    if axes_dims is not None:
-        pairs = AxisPairs.axial(axes_dims, max_wavelength)
-    else:
-        parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
-        if parameters.switch_length is not None:
-            raise ValueError(
-                f"scaling of rope_type {scaling['rope_type']!r} switches frequencies by length, "
-                "which multi-axis RoPE does not do; use no scaling or a static one (linear, "
-                "yarn, llama3) with mrope_section."
-            )
-        pairs = AxisPairs.mrope(
-            parameters.inverse_frequencies,
-            mrope_section,
-            mrope_interleaved,
-            parameters.attention_factor,
-        )
-    return AxesRows(pairs.sin_cos, lambda sin, cos: _rotation_tables(layout, sin, cos), pairs.axes)
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -279,11 +250,11 @@ class RotaryEmbedding(keras.layers.Layer):
             self._table = axes_rotation_rows(
                 rotary_dim,
                 self.max_wavelength,
-                self.layout,
                 self.scaling,
                 self.axes_dims,
                 self.mrope_section,
                 self.mrope_interleaved,
+                lambda sin, cos: _rotation_tables(self.layout, sin, cos),
             )
             self._axes = self._table.axes
         super().build(input_shape)
