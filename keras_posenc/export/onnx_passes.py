@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from keras_posenc.export.onnx_cse import merge_common_subexpressions
 from keras_posenc.export.onnx_graph import (
     Emitter,
     default_opset,
@@ -36,17 +37,21 @@ from keras_posenc.export.onnx_graph import (
     static_dim,
     tensor_info,
 )
+from keras_posenc.export.onnx_guards import hoist_guards
 
 __all__ = [
     "FORMS",
     "Rotation",
     "find_rotations",
     "graphs",
+    "hoist_guards",
+    "merge_common_subexpressions",
     "op_counts",
     "optimized",
     "remove_unused_nodes",
     "replace_erfc",
     "rewrite_rotations",
+    "streamline",
     "to_opset",
 ]
 
@@ -367,6 +372,17 @@ def replace_erfc(proto: onnx.ModelProto) -> int:
     return count
 
 
+def streamline(proto: onnx.ModelProto) -> None:
+    """The passes that follow the rotations' rewrite, in place (see `onnx_guards`, `onnx_cse`).
+
+    A runtime choice of rows loses its `Where` on the fast path, and what the rotations of
+    one attention layer compute twice (the same rows for the queries and the keys) is
+    computed once.
+    """
+    hoist_guards(proto)
+    merge_common_subexpressions(proto)
+
+
 def optimized(
     proto: onnx.ModelProto, rotary: str = "fused", opset: int | None = None
 ) -> onnx.ModelProto:
@@ -375,7 +391,7 @@ def optimized(
     `Erfc` becomes `1 - Erf`; with `opset` of `STANDARD_ROTARY_OPSET` or later the model is
     converted to it and `rotary="fused"` emits the ONNX `RotaryEmbedding`, below it
     onnxruntime's `com.microsoft.RotaryEmbedding`; `rotary="decomposed"` keeps standard
-    ops. The result passes `onnx.checker.check_model(full_check=True)`.
+    ops; then `streamline`. The result passes `onnx.checker.check_model(full_check=True)`.
 
     Args:
         proto: the converted model (changed in place unless it is converted to `opset`).
@@ -394,5 +410,6 @@ def optimized(
     if rotary == "fused" and default_opset(proto) >= STANDARD_ROTARY_OPSET:
         form = "standard"
     rewrite_rotations(proto, form)
+    streamline(proto)
     onnx.checker.check_model(proto, full_check=True)
     return proto

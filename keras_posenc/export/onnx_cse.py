@@ -1,0 +1,225 @@
+"""Common-subexpression elimination for ONNX graphs, `If` nodes and tensor shapes included.
+
+onnxruntime merges identical nodes itself, but not nodes that hold subgraphs (an `If`), and
+it cannot tell that `Shape(q)` and `Shape(k)` are equal when `q` and `k` are different
+tensors. Both stop it from sharing what the rotations of one attention layer compute: the
+rows of the queries and of the keys come from the same start and the same length, through
+an `If` (cached rows or split-table rows), but the length is read from the shape of each
+projection. Here:
+
+- two nodes of the same op, attributes and inputs are one node; a subgraph attribute is
+  compared by its computation (its own tensor names do not matter, the outer names it
+  reads do), so two `If` nodes on one condition with equal branches are one;
+- `Constant` nodes and initializers of equal type, shape and value are one tensor;
+- `Shape(a)` and `Shape(b)` are one node when `a` and `b` provably have the same shape:
+  both are made by the same op with the same attributes from inputs of the same shapes
+  (and the same values, for the inputs that set an output's shape: a `Reshape`'s target,
+  a `Slice`'s bounds), e.g. two projections of one input by weights of one shape.
+
+A node whose output is an output of its graph stays (the graph's outputs keep their names),
+and nothing random is merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import onnx
+from onnx import numpy_helper
+
+from keras_posenc.export.onnx_graph import remove_unused_nodes
+
+__all__ = ["merge_common_subexpressions"]
+
+_RANDOM = {
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "Dropout",
+}
+# Ops of the ONNX domain whose output shapes follow from their attributes and the shapes
+# of their inputs alone.
+_SHAPE_FROM_SHAPES = {
+    *"Abs Neg Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Cast Identity Not Sin Cos".split(),
+    *"Floor Ceil Round Sign Softmax LogSoftmax Gelu Elu LeakyRelu HardSigmoid".split(),
+    *"Add Sub Mul Div Pow Max Min Mod Equal Less Greater LessOrEqual GreaterOrEqual".split(),
+    *"And Or Xor Where MatMul Gemm Transpose Gather Einsum Concat GlobalAveragePool".split(),
+    "LayerNormalization",
+}
+# ...and those whose output shape also follows from the values of these inputs.
+_SHAPE_FROM_VALUES = {
+    "Reshape": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Expand": (1,),
+}
+
+
+class _Merger:
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+        self.renamed: dict[str, str] = {}
+        self.ids: dict[tuple, int] = {}  # interned keys: nested keys stay flat tuples
+        self.seen: dict[int, onnx.NodeProto] = {}
+        self.values: dict[tuple, str] = {}  # a constant's value -> the tensor that holds it
+        self.producers: dict[str, tuple[onnx.NodeProto, int]] = {}
+        self.constant_shapes: dict[str, tuple] = {}
+        self.shape_ids: dict[str, int] = {}
+        self.merged = 0
+
+    def intern(self, key: tuple) -> int:
+        return self.ids.setdefault(key, len(self.ids))
+
+    def name(self, tensor: str) -> str:
+        return self.renamed.get(tensor, tensor)
+
+    def graph(self, graph: onnx.GraphProto) -> None:
+        """Merges within `graph`, after the outer graphs (whose nodes its nodes may reuse)."""
+        scope: list[int] = []
+        scope_values: list[tuple] = []
+        returned = {o.name for o in graph.output}
+        overridable = {i.name for i in graph.input}
+        for initializer in list(graph.initializer):
+            key = _tensor_key(initializer)
+            self.constant_shapes[initializer.name] = tuple(initializer.dims)
+            if initializer.name in overridable | returned:
+                continue
+            if key in self.values:
+                self.renamed[initializer.name] = self.values[key]
+                graph.initializer.remove(initializer)
+            else:
+                self.values[key] = initializer.name
+                scope_values.append(key)
+        for node in list(graph.node):
+            node.input[:] = [self.name(i) for i in node.input]
+            for attribute in node.attribute:
+                for subgraph in _subgraphs(attribute):
+                    self.graph(subgraph)
+            key = None if node.op_type in _RANDOM else self.node_key(node)
+            keep = key is None or key not in self.seen or any(o in returned for o in node.output)
+            if keep:
+                if key is not None and key not in self.seen:
+                    self.seen[key] = node
+                    scope.append(key)
+                for index, output in enumerate(node.output):
+                    self.producers[output] = (node, index)
+                continue
+            for new, old in zip(node.output, self.seen[key].output, strict=True):
+                if new:
+                    self.renamed[new] = old
+            graph.node.remove(node)
+            self.merged += 1
+        if graph is not self.proto.graph:  # a subgraph may return a tensor of an outer one
+            for value in graph.output:
+                value.name = self.name(value.name)
+        # Leaving the subgraph: its nodes cannot serve the outer graph.
+        for key in scope:
+            del self.seen[key]
+        for key in scope_values:
+            del self.values[key]
+
+    def node_key(self, node: onnx.NodeProto) -> int:
+        attributes = tuple(sorted((a.name, self.attribute_key(a)) for a in node.attribute))
+        if node.op_type == "Shape" and not node.domain:
+            inputs = (("shape of", self.shape_id(node.input[0])),)
+        else:
+            inputs = tuple(node.input)
+        return self.intern(
+            (
+                node.domain,
+                node.op_type,
+                inputs,
+                attributes,
+                tuple(bool(o) for o in node.output),
+            )
+        )
+
+    def attribute_key(self, attribute: onnx.AttributeProto):
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            return self.graph_key(attribute.g)
+        if attribute.type == onnx.AttributeProto.GRAPHS:
+            return tuple(self.graph_key(g) for g in attribute.graphs)
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            return _tensor_key(attribute.t)
+        copy = onnx.AttributeProto()
+        copy.CopyFrom(attribute)
+        copy.ClearField("doc_string")
+        return copy.SerializeToString()
+
+    def graph_key(self, graph: onnx.GraphProto) -> int:
+        """The computation of a subgraph: what each output is made of, whatever the names.
+
+        Its own tensors are numbered by what computes them (inputs by position, constants
+        by value, node outputs by op, attributes and inputs), so that two branches that
+        list the same nodes in another order or under other names are equal.
+        """
+        local: dict[str, int] = {}
+        for position, value in enumerate(graph.input):
+            local[value.name] = self.intern(("input", position, value.type.SerializeToString()))
+        for initializer in graph.initializer:
+            local[initializer.name] = self.intern(("constant", _tensor_key(initializer)))
+        for node in graph.node:
+            inputs = tuple(("local", local[i]) if i in local else i for i in node.input)
+            attributes = tuple(sorted((a.name, self.attribute_key(a)) for a in node.attribute))
+            made = (node.domain, node.op_type, inputs, attributes, len(node.output))
+            for index, output in enumerate(node.output):
+                if output:
+                    local[output] = self.intern((*made, index))
+        outputs = tuple(
+            ("local", local[o.name]) if o.name in local else o.name for o in graph.output
+        )
+        return self.intern(("graph", outputs))
+
+    def shape_id(self, tensor: str) -> int:
+        """Equal for tensors of provably equal shapes (at any input)."""
+        if tensor in self.shape_ids:
+            return self.shape_ids[tensor]
+        if tensor in self.constant_shapes:
+            key = ("constant", self.constant_shapes[tensor])
+        elif tensor in self.producers:
+            node, index = self.producers[tensor]
+            values = _SHAPE_FROM_VALUES.get(node.op_type, ())
+            if node.domain or node.op_type not in _SHAPE_FROM_SHAPES | set(_SHAPE_FROM_VALUES):
+                key = ("tensor", tensor)
+            elif node.op_type == "Constant":
+                key = ("tensor", tensor)
+            else:
+                inputs = tuple(
+                    ("value", name) if position in values else ("shape", self.shape_id(name))
+                    for position, name in enumerate(node.input)
+                    if name
+                )
+                attributes = tuple(sorted((a.name, self.attribute_key(a)) for a in node.attribute))
+                key = (node.op_type, index, inputs, attributes)
+        else:  # a graph input, or a tensor of an outer graph
+            key = ("tensor", tensor)
+        self.shape_ids[tensor] = self.intern(key)
+        return self.shape_ids[tensor]
+
+
+def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attribute.type == onnx.AttributeProto.GRAPH:
+        return [attribute.g]
+    if attribute.type == onnx.AttributeProto.GRAPHS:
+        return list(attribute.graphs)
+    return []
+
+
+def _tensor_key(tensor: onnx.TensorProto) -> tuple:
+    value = numpy_helper.to_array(tensor)
+    return (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+
+
+def merge_common_subexpressions(proto: onnx.ModelProto) -> int:
+    """Merges the nodes of `proto` that compute the same values, in place; returns how many.
+
+    Graph inputs and outputs keep their names; nodes nothing reads any more are removed.
+    """
+    merger = _Merger(proto)
+    merger.graph(proto.graph)
+    remove_unused_nodes(proto)
+    return merger.merged

@@ -1,0 +1,365 @@
+"""The passes after the rotations' rewrite (`onnx_passes.streamline`): guards, shared nodes.
+
+Each pass must leave every value as it was: its graphs are run against the graph before it
+in onnxruntime and in the ONNX reference evaluator (exactly, NaN for NaN), and the exports
+against Keras. The structure they promise is counted: one row computation per attention
+layer, no `Where` on the fast path of a runtime start.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import keras
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from keras_posenc import RotaryMultiHeadAttention, SinusoidalPositionalEncoding, export
+from keras_posenc.export import onnx_passes
+from keras_posenc.frequencies import MAX_POSITIONS
+
+WIDTH = 16
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _both_runtimes(proto: onnx.ModelProto, feeds: dict, reference: bool = True) -> list:
+    outputs = [_session(proto).run(None, feeds)]
+    if reference:
+        outputs.append(ReferenceEvaluator(proto).run(None, feeds))
+    return outputs
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    proto.ir_version = 9
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def _float(name, shape=None):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _constant(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+# ---------------------------------------------------------------------------------------
+# Common subexpressions
+
+
+@functools.cache
+def _encoder(blocks: int = 2):
+    x = keras.Input((None, WIDTH), name="x")
+    h = x
+    for _ in range(blocks):
+        normed = keras.layers.LayerNormalization()(h)
+        h = h + RotaryMultiHeadAttention(num_heads=2, key_dim=WIDTH // 2)(normed, normed)
+        h = h + keras.layers.Dense(WIDTH)(keras.layers.Dense(2 * WIDTH, activation="gelu")(h))
+    model = keras.Model(x, h)
+    return model, export.onnx_model(model, rotary=None)
+
+
+def _row_choices(proto: onnx.ModelProto) -> int:
+    return sum(n.op_type == "If" for n in proto.graph.node)
+
+
+@pytest.mark.parametrize("rotary", ["fused", "decomposed"])
+def test_each_attention_layer_computes_its_rows_once(rotary):
+    model, converted = _encoder()
+    # Without the pass: the queries' and keys' rows of each of the 2 blocks, each an If.
+    unshared = copy.deepcopy(converted)
+    onnx_passes.rewrite_rotations(unshared, rotary)
+    assert _row_choices(unshared) == 4
+    proto = onnx_passes.optimized(copy.deepcopy(converted), rotary=rotary)
+    assert _row_choices(proto) == 2
+    counts = onnx_passes.op_counts(proto)
+    if rotary == "fused":
+        kernels = [n for n in proto.graph.node if n.op_type == "RotaryEmbedding"]
+        assert len(kernels) == 4
+        # The queries and keys of a block read the same caches.
+        assert len({tuple(k.input[2:]) for k in kernels}) == 2
+    else:
+        assert not {"ReverseSequence", "Transpose"} & {
+            n.op_type
+            for n in proto.graph.node
+            if n.input and n.input[0] in {r.x for r in onnx_passes.find_rotations(converted)}
+        }
+        assert "ReverseSequence" not in counts
+    rng = np.random.default_rng(0)
+    for batch, length in [(1, 1), (2, 9)]:
+        feeds = {"x": rng.standard_normal((batch, length, WIDTH)).astype(np.float32)}
+        # Each runtime against itself; the standard-op graph also runs in the reference evaluator.
+        reference = rotary == "decomposed"
+        for (expected,), (actual,) in zip(
+            _both_runtimes(unshared, feeds, reference),
+            _both_runtimes(proto, feeds, reference),
+            strict=True,
+        ):
+            np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(actual, np.asarray(model(feeds["x"])), rtol=0, atol=1e-5)
+
+
+def _if(condition, output, then_nodes, then_output, else_nodes, else_output, name):
+    return helper.make_node(
+        "If",
+        [condition],
+        [output],
+        name=name,
+        then_branch=helper.make_graph(then_nodes, name + "_then", [], [_float(then_output)]),
+        else_branch=helper.make_graph(else_nodes, name + "_else", [], [_float(else_output)]),
+    )
+
+
+def test_ifs_with_equal_branches_in_another_order_and_names_merge():
+    def branch(prefix, order):
+        nodes = [
+            helper.make_node("Mul", ["x", "two"], [prefix + "a"]),
+            helper.make_node("Add", ["x", "one"], [prefix + "b"]),
+        ][::order]
+        return [*nodes, helper.make_node("Sub", [prefix + "a", prefix + "b"], [prefix + "c"])]
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        _if(
+            "positive",
+            "y1",
+            branch("t1", 1),
+            "t1c",
+            [helper.make_node("Neg", ["x"], ["e1"])],
+            "e1",
+            "if1",
+        ),
+        _if(
+            "positive",
+            "y2",
+            branch("t2", -1),
+            "t2c",
+            [helper.make_node("Neg", ["x"], ["e2"])],
+            "e2",
+            "if2",
+        ),
+        # A third whose else branch differs: it stays.
+        _if(
+            "positive",
+            "y3",
+            branch("t3", 1),
+            "t3c",
+            [helper.make_node("Abs", ["x"], ["e3"])],
+            "e3",
+            "if3",
+        ),
+        helper.make_node("Add", ["y1", "y2"], ["s"]),
+        helper.make_node("Add", ["s", "y3"], ["y"]),
+    ]
+    initializers = [_constant("one", 1.0), _constant("two", 2.0), _constant("zero", 0.0)]
+    proto = _model(nodes, [_float("x", [3])], [_float("y", [3])], initializers)
+    merged = copy.deepcopy(proto)
+    assert onnx_passes.merge_common_subexpressions(merged) == 1
+    onnx.checker.check_model(merged, full_check=True)
+    assert [n.name for n in merged.graph.node if n.op_type == "If"] == ["if1", "if3"]
+    assert [o.name for o in merged.graph.output] == ["y"]
+    for x in ([1.0, 2.0, 3.0], [-1.0, -2.0, 0.5]):
+        feeds = {"x": np.array(x, np.float32)}
+        for expected, actual in zip(
+            _both_runtimes(proto, feeds), _both_runtimes(merged, feeds), strict=True
+        ):
+            np.testing.assert_array_equal(actual[0], expected[0])
+
+
+def _shape_graph(second_weight_shape, second_target=None):
+    """`Shape(x·W1)` and `Shape(x·W2)` (optionally reshaped to targets), concatenated."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["p1"]),
+        helper.make_node("MatMul", ["x", "w2"], ["p2"]),
+        helper.make_node("Reshape", ["p1", "target1"], ["r1"]),
+        helper.make_node("Reshape", ["p2", "target2"], ["r2"]),
+        helper.make_node("Shape", ["r1"], ["s1"]),
+        helper.make_node("Shape", ["r2"], ["s2"]),
+        helper.make_node("Concat", ["s1", "s2"], ["y"], axis=0),
+    ]
+    initializers = [
+        _constant("w1", np.ones((4, 6))),
+        _constant("w2", np.ones(second_weight_shape)),
+        _constant("target1", [0, -1, 2], np.int64),
+        _constant("target2", second_target or [0, -1, 2], np.int64),
+    ]
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [6])
+    return _model(nodes, [_float("x", ["b", 4])], [y], initializers)
+
+
+@pytest.mark.parametrize(
+    "weight, target, shapes",
+    [
+        ((4, 6), None, 1),  # equal shapes: one Shape
+        ((4, 8), None, 2),  # another weight shape
+        ((4, 6), [0, 2, -1], 2),  # another reshape target
+    ],
+)
+def test_shapes_of_tensors_of_provably_equal_shape_merge(weight, target, shapes):
+    proto = _shape_graph(weight, target)
+    merged = copy.deepcopy(proto)
+    onnx_passes.merge_common_subexpressions(merged)
+    onnx.checker.check_model(merged, full_check=True)
+    assert onnx_passes.op_counts(merged)["Shape"] == shapes
+    feeds = {"x": np.ones((3, 4), np.float32)}
+    for expected, actual in zip(
+        _both_runtimes(proto, feeds), _both_runtimes(merged, feeds), strict=True
+    ):
+        np.testing.assert_array_equal(actual[0], expected[0])
+
+
+def test_random_nodes_outputs_and_inner_nodes_stay():
+    nodes = [
+        helper.make_node("RandomUniformLike", ["x"], ["u1"], seed=1.0),
+        helper.make_node("RandomUniformLike", ["x"], ["u2"], seed=1.0),
+        helper.make_node("Add", ["x", "one"], ["a"]),
+        helper.make_node("Add", ["x", "one"], ["b"]),  # a graph output: stays
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "one"], ["big"]),
+        _if(
+            "big",
+            "c",
+            [
+                helper.make_node("Add", ["x", "one"], ["inner"]),  # reuses `a`
+                helper.make_node("Neg", ["inner"], ["inner_out"]),
+            ],
+            "inner_out",
+            [
+                helper.make_node("Mul", ["x", "one"], ["other"]),
+                helper.make_node("Neg", ["other"], ["other_out"]),
+            ],
+            "other_out",
+            "if",
+        ),
+        helper.make_node("Mul", ["x", "one"], ["after"]),  # cannot reuse the branch's
+        helper.make_node("Sum", ["u1", "u2", "a", "c", "after"], ["y"]),
+    ]
+    proto = _model(
+        nodes,
+        [_float("x", [2])],
+        [_float("y", [2]), _float("b", [2])],
+        [_constant("one", 1.0)],
+    )
+    merged = copy.deepcopy(proto)
+    onnx_passes.merge_common_subexpressions(merged)
+    onnx.checker.check_model(merged, full_check=True)
+    counts = onnx_passes.op_counts(merged)
+    assert counts["RandomUniformLike"] == 2
+    assert [o.name for o in merged.graph.output] == ["y", "b"]
+    outer = [n.op_type for n in merged.graph.node]
+    assert outer.count("Add") == 2 and outer.count("Mul") == 1
+    (choice,) = [n for n in merged.graph.node if n.op_type == "If"]
+    branches = {a.name: [n.op_type for n in a.g.node] for a in choice.attribute}
+    assert branches == {"then_branch": ["Neg"], "else_branch": ["Mul", "Neg"]}
+    feeds = {"x": np.array([0.0, 5.0], np.float32)}
+    (y, b), (merged_y, merged_b) = (
+        _session(proto).run(None, feeds),
+        _session(merged).run(None, feeds),
+    )
+    np.testing.assert_array_equal(merged_b, b)
+    # The random draws differ run to run; the rest of the sum does not.
+    assert merged_y.shape == y.shape
+
+
+# ---------------------------------------------------------------------------------------
+# Guards
+
+
+def _guarded_graph(nan_shape=()):
+    """`Where(valid, If(fits){x[0:n]·2}{x·3}, NaN)` on a 1D `x`, as a layer's rows are."""
+    nodes = [
+        helper.make_node("Greater", ["p", "zero"], ["fits"]),
+        helper.make_node("Greater", ["q", "zero"], ["valid"]),
+        _if(
+            "fits",
+            "rows",
+            [helper.make_node("Mul", ["x", "two"], ["fast"])],
+            "fast",
+            [helper.make_node("Mul", ["x", "three"], ["slow"])],
+            "slow",
+            "choice",
+        ),
+        helper.make_node("Where", ["valid", "rows", "nan"], ["poisoned"]),
+        helper.make_node("Add", ["x", "poisoned"], ["y"]),
+    ]
+    initializers = [
+        _constant("zero", 0.0),
+        _constant("two", 2.0),
+        _constant("three", 3.0),
+        _constant("nan", np.full(nan_shape, np.nan)),
+    ]
+    inputs = [_float("x", [4]), _float("p", []), _float("q", [])]
+    return _model(nodes, inputs, [_float("y", [4])], initializers)
+
+
+def test_a_guarded_choice_loses_its_where_on_the_fast_path():
+    proto = _guarded_graph()
+    hoisted = copy.deepcopy(proto)
+    assert onnx_passes.hoist_guards(hoisted) == 1
+    assert onnx_passes.hoist_guards(hoisted) == 0  # done once
+    onnx.checker.check_model(hoisted, full_check=True)
+    (guarded,) = [n for n in hoisted.graph.node if n.op_type == "If"]
+    fast = next(a.g for a in guarded.attribute if a.name == "then_branch")
+    assert "Where" not in {n.op_type for n in fast.node}
+    assert "Where" not in {n.op_type for n in hoisted.graph.node}
+    x = np.arange(4, dtype=np.float32)
+    for p in (-1.0, 1.0):
+        for q in (-1.0, 1.0):
+            feeds = {"x": x, "p": np.array(p, np.float32), "q": np.array(q, np.float32)}
+            for expected, actual in zip(
+                _both_runtimes(proto, feeds), _both_runtimes(hoisted, feeds), strict=True
+            ):
+                np.testing.assert_array_equal(actual[0], expected[0])
+                assert np.isnan(actual[0]).all() == (q < 0)
+
+
+def test_a_where_that_is_not_a_scalar_guard_stays():
+    # A constant of shape (4,) is not a scalar guard (it might broadcast the rows).
+    proto = _guarded_graph(nan_shape=(4,))
+    assert onnx_passes.hoist_guards(proto) == 0
+
+
+@functools.cache
+def _sinusoidal():
+    x = keras.Input((None, WIDTH), name="x")
+    start = keras.Input((), dtype="int32", name="start", batch_size=1)
+    model = keras.Model([x, start], SinusoidalPositionalEncoding()(x, start_index=start[0]))
+    return model, export.onnx_model(model, rotary=None), export.onnx_model(model)
+
+
+def test_sinusoidal_runtime_start_has_no_where_on_the_fast_path_and_matches_keras():
+    model, converted, exported = _sinusoidal()
+    assert sum(n.op_type == "Where" for n in converted.graph.node) == 1
+    assert "Where" not in {n.op_type for n in exported.graph.node}
+    (choice,) = [n for n in exported.graph.node if n.op_type == "If"]
+    fast = next(a.g for a in choice.attribute if a.name == "then_branch")
+    assert "Where" not in {n.op_type for n in fast.node}
+    rng = np.random.default_rng(0)
+    for batch, length, start in [(2, 5, 0), (1, 9, 4090), (2, 3, 70000), (1, 1, 16_000_000)]:
+        x = rng.standard_normal((batch, length, WIDTH)).astype(np.float32)
+        feeds = {"x": x, "start": np.array([start], np.int32)}
+        (before,) = _session(converted).run(None, feeds)
+        (after,) = _session(exported).run(None, feeds)
+        np.testing.assert_array_equal(after, before)
+        expected = np.asarray(model([x, feeds["start"]]))
+        np.testing.assert_allclose(after, expected, rtol=0, atol=1e-5)
+    for start, length in [(-1, 3), (MAX_POSITIONS - 2, 3)]:  # bad runs: NaN, as before
+        x = rng.standard_normal((1, length, WIDTH)).astype(np.float32)
+        feeds = {"x": x, "start": np.array([start], np.int32)}
+        (after,) = _session(exported).run(None, feeds)
+        assert np.isnan(after).all()
