@@ -19,7 +19,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from keras_posenc import RotaryMultiHeadAttention, SinusoidalPositionalEncoding, export
+from keras_posenc import (
+    LearnedPositionalEmbedding,
+    RotaryMultiHeadAttention,
+    SinusoidalPositionalEncoding,
+    export,
+)
 from keras_posenc.export import onnx_passes
 from keras_posenc.frequencies import MAX_POSITIONS
 
@@ -247,7 +252,26 @@ def test_random_nodes_outputs_and_inner_nodes_stay():
             "if",
         ),
         helper.make_node("Mul", ["x", "one"], ["after"]),  # cannot reuse the branch's
-        helper.make_node("Sum", ["u1", "u2", "a", "c", "after"], ["y"]),
+        # Equal Ifs that draw random numbers stay two.
+        _if(
+            "big",
+            "d1",
+            [helper.make_node("RandomUniformLike", ["x"], ["r1"])],
+            "r1",
+            [helper.make_node("Neg", ["x"], ["n1"])],
+            "n1",
+            "random1",
+        ),
+        _if(
+            "big",
+            "d2",
+            [helper.make_node("RandomUniformLike", ["x"], ["r2"])],
+            "r2",
+            [helper.make_node("Neg", ["x"], ["n2"])],
+            "n2",
+            "random2",
+        ),
+        helper.make_node("Sum", ["u1", "u2", "a", "c", "after", "d1", "d2"], ["y"]),
     ]
     proto = _model(
         nodes,
@@ -259,11 +283,12 @@ def test_random_nodes_outputs_and_inner_nodes_stay():
     onnx_passes.merge_common_subexpressions(merged)
     onnx.checker.check_model(merged, full_check=True)
     counts = onnx_passes.op_counts(merged)
-    assert counts["RandomUniformLike"] == 2
+    assert counts["RandomUniformLike"] == 4
+    assert counts["If"] == 3
     assert [o.name for o in merged.graph.output] == ["y", "b"]
     outer = [n.op_type for n in merged.graph.node]
     assert outer.count("Add") == 2 and outer.count("Mul") == 1
-    (choice,) = [n for n in merged.graph.node if n.op_type == "If"]
+    (choice,) = [n for n in merged.graph.node if n.name == "if"]
     branches = {a.name: [n.op_type for n in a.g.node] for a in choice.attribute}
     assert branches == {"then_branch": ["Neg"], "else_branch": ["Mul", "Neg"]}
     feeds = {"x": np.array([0.0, 5.0], np.float32)}
@@ -328,29 +353,71 @@ def test_a_guarded_choice_loses_its_where_on_the_fast_path():
                 assert np.isnan(actual[0]).all() == (q < 0)
 
 
+def test_a_guarded_lookup_moves_into_a_branch_of_its_own():
+    # Where(valid, x[s : s + 2], NaN), as the learned layer's rows are.
+    nodes = [
+        helper.make_node("Greater", ["q", "zero"], ["valid"]),
+        helper.make_node("Add", ["s", "two"], ["e"]),
+        helper.make_node("Slice", ["x", "s", "e"], ["rows"]),
+        helper.make_node("Where", ["valid", "rows", "nan"], ["y"]),
+    ]
+    initializers = [
+        _constant("zero", 0.0),
+        _constant("two", [2], np.int64),
+        _constant("nan", np.nan),
+    ]
+    inputs = [_float("x", [4]), _float("q", []), helper.make_tensor_value_info("s", 7, [1])]
+    proto = _model(nodes, inputs, [_float("y", [2])], initializers)
+    hoisted = copy.deepcopy(proto)
+    assert onnx_passes.hoist_guards(hoisted) == 1
+    onnx.checker.check_model(hoisted, full_check=True)
+    assert [n.op_type for n in hoisted.graph.node] == ["Greater", "Add", "If"]
+    (guarded,) = [n for n in hoisted.graph.node if n.op_type == "If"]
+    assert guarded.input[0] == "valid"
+    fast = next(a.g for a in guarded.attribute if a.name == "then_branch")
+    assert [n.op_type for n in fast.node] == ["Slice"]
+    x = np.arange(4, dtype=np.float32)
+    for q in (-1.0, 1.0):
+        for start in (0, 2):
+            feeds = {"x": x, "q": np.array(q, np.float32), "s": np.array([start], np.int64)}
+            for expected, actual in zip(
+                _both_runtimes(proto, feeds), _both_runtimes(hoisted, feeds), strict=True
+            ):
+                np.testing.assert_array_equal(actual[0], expected[0])
+
+
 def test_a_where_that_is_not_a_scalar_guard_stays():
     # A constant of shape (4,) is not a scalar guard (it might broadcast the rows).
     proto = _guarded_graph(nan_shape=(4,))
     assert onnx_passes.hoist_guards(proto) == 0
 
 
+LAYERS = {
+    "sinusoidal": lambda: SinusoidalPositionalEncoding(),
+    "learned": lambda: LearnedPositionalEmbedding(100),
+}
+
+
 @functools.cache
-def _sinusoidal():
+def _additive(name: str):
     x = keras.Input((None, WIDTH), name="x")
     start = keras.Input((), dtype="int32", name="start", batch_size=1)
-    model = keras.Model([x, start], SinusoidalPositionalEncoding()(x, start_index=start[0]))
+    model = keras.Model([x, start], LAYERS[name]()(x, start_index=start[0]))
     return model, export.onnx_model(model, rotary=None), export.onnx_model(model)
 
 
-def test_sinusoidal_runtime_start_has_no_where_on_the_fast_path_and_matches_keras():
-    model, converted, exported = _sinusoidal()
+@pytest.mark.parametrize("name", LAYERS)
+def test_a_runtime_start_has_no_where_on_the_fast_path_and_matches_keras(name):
+    model, converted, exported = _additive(name)
     assert sum(n.op_type == "Where" for n in converted.graph.node) == 1
     assert "Where" not in {n.op_type for n in exported.graph.node}
     (choice,) = [n for n in exported.graph.node if n.op_type == "If"]
     fast = next(a.g for a in choice.attribute if a.name == "then_branch")
     assert "Where" not in {n.op_type for n in fast.node}
+    limit = MAX_POSITIONS if name == "sinusoidal" else 100
+    starts = [0, 4090, 70000, 16_000_000] if name == "sinusoidal" else [0, 3, 90]
     rng = np.random.default_rng(0)
-    for batch, length, start in [(2, 5, 0), (1, 9, 4090), (2, 3, 70000), (1, 1, 16_000_000)]:
+    for (batch, length), start in zip([(2, 5), (1, 9), (2, 3), (1, 1)], starts, strict=False):
         x = rng.standard_normal((batch, length, WIDTH)).astype(np.float32)
         feeds = {"x": x, "start": np.array([start], np.int32)}
         (before,) = _session(converted).run(None, feeds)
@@ -358,7 +425,7 @@ def test_sinusoidal_runtime_start_has_no_where_on_the_fast_path_and_matches_kera
         np.testing.assert_array_equal(after, before)
         expected = np.asarray(model([x, feeds["start"]]))
         np.testing.assert_allclose(after, expected, rtol=0, atol=1e-5)
-    for start, length in [(-1, 3), (MAX_POSITIONS - 2, 3)]:  # bad runs: NaN, as before
+    for start, length in [(-1, 3), (limit - 2, 3)]:  # bad runs: NaN, as before
         x = rng.standard_normal((1, length, WIDTH)).astype(np.float32)
         feeds = {"x": x, "start": np.array([start], np.int32)}
         (after,) = _session(exported).run(None, feeds)

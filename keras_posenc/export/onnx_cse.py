@@ -17,7 +17,7 @@ projection. Here:
   a `Slice`'s bounds), e.g. two projections of one input by weights of one shape.
 
 A node whose output is an output of its graph stays (the graph's outputs keep their names),
-and nothing random is merged.
+and nothing random (or holding a random node, or of a domain not known to be pure) merges.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ _RANDOM = {
     "Bernoulli",
     "Dropout",
 }
+# Domains whose ops compute functions of their inputs (no state, no side effects).
+_DOMAINS = {"", "ai.onnx", "com.microsoft"}
 # Ops of the ONNX domain whose output shapes follow from their attributes and the shapes
 # of their inputs alone.
 _SHAPE_FROM_SHAPES = {
@@ -99,7 +101,7 @@ class _Merger:
             for attribute in node.attribute:
                 for subgraph in _subgraphs(attribute):
                     self.graph(subgraph)
-            key = None if node.op_type in _RANDOM else self.node_key(node)
+            key = self.node_key(node) if _mergeable(node) else None
             keep = key is None or key not in self.seen or any(o in returned for o in node.output)
             if keep:
                 if key is not None and key not in self.seen:
@@ -199,6 +201,18 @@ class _Merger:
             key = ("tensor", tensor)
         self.shape_ids[tensor] = self.intern(key)
         return self.shape_ids[tensor]
+
+
+def _mergeable(node: onnx.NodeProto) -> bool:
+    """Not random, of a domain whose ops are functions, and so are the nodes it holds."""
+    if node.op_type in _RANDOM or node.domain not in _DOMAINS:
+        return False
+    return all(
+        _mergeable(inner)
+        for attribute in node.attribute
+        for subgraph in _subgraphs(attribute)
+        for inner in subgraph.node
+    )
 
 
 def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:

@@ -1,15 +1,18 @@
-"""Takes the poisoning of bad positions off the fast path of a runtime choice of rows.
+"""Takes the poisoning of bad positions off the fast path of a layer's rows.
 
-A layer with a runtime `start_index` gets its rows through an `If` (the cached rows when
-the run fits in them, else rows computed from the split tables), and then, because an ONNX
-graph cannot raise, `Where(valid, rows, NaN)`: a whole pass over the rows on every call, as
-long as the Add that uses them in the sinusoidal layer. Here
+A layer with a dynamic length or a runtime `start_index` gets its rows through an `If`
+(the cached rows when the run fits in them, else rows computed from the split tables) or
+one slice of its table, and then, because an ONNX graph cannot raise,
+`Where(valid, rows, NaN)`: one more pass over the rows on every call, which costs
+onnxruntime about as much as the slice itself. Here, for a scalar `valid` and a scalar
+constant `K`,
 
     Where(valid, If(fits){T}{E}, K)  ->  If(fits & valid){T}{Where(valid, If(fits){T}{E}, K)}
+    Where(valid, Slice(...), K)      ->  If(valid){Slice(...)}{Where(valid, Slice(...), K)}
 
-for a scalar `valid` and a scalar constant `K`: a valid run that fits gets the sliced rows
-as they are, and everything else computes exactly what it did, so every value and every
-NaN is unchanged and no branch runs where it did not run before.
+(and `Gather` as `Slice`): a valid run gets its rows as they are, everything else computes
+exactly what it did, so every value and every NaN is unchanged and no branch runs where it
+did not run before.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import copy
 import onnx
 from onnx import helper
 
-from keras_posenc.export.onnx_graph import Emitter, graphs, rank, tensor_info
+from keras_posenc.export.onnx_graph import Emitter, elem_type, graphs, rank, tensor_info
 
 __all__ = ["hoist_guards"]
+
+# Ops that look rows up: where the guard is on their output alone, the lookup moves into a
+# branch of its own.
+_LOOKUPS = ("Slice", "Gather")
 
 _REST = "/guarded_else"
 
@@ -29,8 +36,8 @@ _REST = "/guarded_else"
 def hoist_guards(proto: onnx.ModelProto) -> int:
     """Rewrites every guarded `If` of `proto` as the module says, in place; returns how many."""
     found = _find(proto)
-    for graph, choice, wheres in found:
-        _hoist(proto, graph, choice, wheres)
+    for candidate in found:
+        _hoist(proto, *candidate)
     return len(found)
 
 
@@ -44,7 +51,7 @@ def _constants(proto: onnx.ModelProto, graph: onnx.GraphProto) -> dict[str, onnx
 
 
 def _find(proto: onnx.ModelProto) -> list:
-    """`(graph, if_node, wheres)` of every guarded `If` not hoisted yet."""
+    """`(graph, producer, wheres)` of every guarded choice or lookup not hoisted yet."""
     reads: dict[str, int] = {}
     for graph in graphs(proto.graph):
         for node in graph.node:
@@ -61,7 +68,7 @@ def _find(proto: onnx.ModelProto) -> list:
         readers = {name: node for node in graph.node for name in node.input}
         constants = None
         for node in graph.node:
-            if node.op_type != "If" or node.domain:
+            if node.domain or node.op_type not in ("If", *_LOOKUPS):
                 continue
             wheres = [readers.get(name) for name in node.output]
             if any(
@@ -82,33 +89,42 @@ def _find(proto: onnx.ModelProto) -> list:
             ):
                 continue
             info = info or tensor_info(proto)
-            if rank(info, valid) != 0:
+            if rank(info, valid) != 0 or elem_type(info, node.output[0]) is None:
                 continue
-            found.append((graph, node, wheres))
+            found.append((graph, node, wheres, info))
     return found
 
 
-def _hoist(proto, graph: onnx.GraphProto, choice: onnx.NodeProto, wheres) -> None:
-    emit = Emitter(proto, graph, choice.name + "/guarded_")
-    branches = {a.name: a.g for a in choice.attribute}
+def _hoist(proto, graph: onnx.GraphProto, producer: onnx.NodeProto, wheres, info) -> None:
+    emit = Emitter(proto, graph, (producer.name or producer.output[0]) + "/guarded_")
     valid = wheres[0].input[0]
-    both = emit.op("And", [choice.input[0], valid])
-    # The fast branch: a copy of the taken one, its own names made unique.
-    fast = copy.deepcopy(branches["then_branch"])
-    _rename_locals(fast, emit)
+    if producer.op_type == "If":
+        branches = {a.name: a.g for a in producer.attribute}
+        condition = emit.op("And", [producer.input[0], valid])
+        # The fast branch: a copy of the taken one, its own names made unique.
+        fast = copy.deepcopy(branches["then_branch"])
+        _rename_locals(fast, emit)
+    else:  # the lookup alone, where the run is valid
+        condition = valid
+        lookup = copy.deepcopy(producer)
+        lookup.output[0] = emit.name("rows")
+        lookup.name = lookup.output[0] + "_node"
+        fast = helper.make_graph(
+            [lookup],
+            producer.output[0] + "/guarded_then",
+            [],
+            [_value(lookup.output[0], info, producer.output[0])],
+        )
     # The other: the whole original expression.
-    rest = helper.make_graph([], choice.name + _REST, [], [])
-    rest.node.append(choice)
-    for where, value in zip(wheres, branches["else_branch"].output, strict=True):
+    rest = helper.make_graph([producer], producer.output[0] + _REST, [], [])
+    for where in wheres:
         poisoned = copy.deepcopy(where)
         poisoned.output[0] = emit.name("poisoned")
         rest.node.append(poisoned)
-        output = copy.deepcopy(value)
-        output.name = poisoned.output[0]
-        rest.output.append(output)
+        rest.output.append(_value(poisoned.output[0], info, where.input[1]))
     guarded = helper.make_node(
         "If",
-        [both],
+        [condition],
         [w.output[0] for w in wheres],
         name=emit.name("If"),
         then_branch=fast,
@@ -117,12 +133,17 @@ def _hoist(proto, graph: onnx.GraphProto, choice: onnx.NodeProto, wheres) -> Non
     emit.nodes.append(guarded)
     first = min(list(graph.node).index(w) for w in wheres)
     emit.insert_before(graph.node[first])
-    for node in [choice, *wheres]:
+    for node in [producer, *wheres]:
         graph.node.remove(node)
-    moved = set(choice.output)
+    moved = set(producer.output)
     for value in list(graph.value_info):
         if value.name in moved:
             graph.value_info.remove(value)
+
+
+def _value(name: str, info: dict, like: str) -> onnx.ValueInfoProto:
+    """A subgraph output `name` of the element type of `like` (the shape left to inference)."""
+    return helper.make_tensor_value_info(name, elem_type(info, like), None)
 
 
 def _rename_locals(graph: onnx.GraphProto, emit: Emitter) -> None:
