@@ -300,3 +300,122 @@ def test_positions_of_several_axes_are_told_apart_from_1d_positions(exported):
     # The axes take the probes in different orders: a token's coordinates differ.
     positions = _feeds(exported("mrope")[0])["positions"].reshape(-1, 3)
     assert (positions[:, 0] != positions[:, 1]).all() and (positions[:, 1] != positions[:, 2]).all()
+
+
+# --------------------------------------------------------------------------------------
+# Bad coordinates
+
+
+@pytest.fixture(scope="module")
+def bad_coordinates_files(tmp_path_factory):
+    x = keras.Input((None, WIDTH), name="x")
+    heads = keras.Input((None, HEADS, DIM), name="heads")
+    grid = keras.Input((None, 2), dtype="int32", name="grid_positions")
+    multimodal = keras.Input((None, 3), dtype="int32", name="mrope_positions")
+    outputs = {
+        "sinusoidal": SinusoidalPositionalEncoding(axes=2)(x, positions=grid),
+        "axial": RotaryEmbedding(axes_dims=(4, 4))(heads, positions=grid),
+        "mrope": RotaryEmbedding(mrope_section=SECTION)(heads, positions=multimodal),
+        "mrope_interleaved": RotaryEmbedding(mrope_section=SECTION, mrope_interleaved=True)(
+            heads, positions=multimodal
+        ),
+    }
+    inputs = {"x": x, "heads": heads, "grid_positions": grid, "mrope_positions": multimodal}
+    model = keras.Model(inputs, outputs)
+    folder = tmp_path_factory.mktemp("bad_coordinates")
+    serve = tf.saved_model.load(str(kpe.save_saved_model(model, folder / "saved_model")))
+    serve = serve.signatures["serving_default"]
+    session, names = _onnx_session(kpe.save_onnx(model, folder / "model.onnx"))
+    litert = LiteRTRunner(kpe.save_litert(model, folder / "model.tflite"))
+    return {
+        "saved_model": lambda feeds: {
+            k: v.numpy() for k, v in serve(**{n: tf.constant(a) for n, a in feeds.items()}).items()
+        },
+        "onnxruntime": lambda feeds: dict(zip(names, session.run(None, feeds), strict=True)),
+        "litert": litert,
+        "xla": tf.function(lambda feeds: model(feeds), jit_compile=True),
+    }
+
+
+USES = {
+    "grid_positions": ("sinusoidal", "axial"),
+    "mrope_positions": ("mrope", "mrope_interleaved"),
+}
+# (input, axis, value): one bad coordinate on one axis, the others good.
+BAD_COORDINATES = [
+    ("grid_positions", 1, -1),
+    ("grid_positions", 0, LIMIT),
+    ("grid_positions", 1, 2**31 - 1),
+    ("mrope_positions", 2, -1),
+    ("mrope_positions", 1, LIMIT),
+    ("mrope_positions", 0, -(2**31)),
+]
+
+
+def _bad_feeds(name: str, axis: int, value: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((2, 3, WIDTH)).astype(np.float32),
+        "heads": rng.standard_normal((2, 3, HEADS, DIM)).astype(np.float32),
+        "grid_positions": rng.integers(0, LIMIT, (2, 3, 2)).astype(np.int32),
+        "mrope_positions": rng.integers(0, LIMIT, (2, 3, 3)).astype(np.int32),
+    }
+    feeds[name][1, 2, axis] = value
+    return feeds
+
+
+@pytest.mark.parametrize("runtime", ["saved_model", "onnxruntime", "litert", "xla"])
+@pytest.mark.parametrize(("name", "axis", "value"), BAD_COORDINATES)
+def test_a_bad_coordinate_on_one_axis_raises_or_is_nan(
+    bad_coordinates_files, runtime, name, axis, value
+):
+    run = bad_coordinates_files[runtime]
+    feeds = _bad_feeds(name, axis, value)
+    if runtime == "saved_model":  # it keeps the assertions
+        expected = r"positions must be >= 0" if value < 0 else r"the largest position is"
+        with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+            run(feeds)
+        return
+    outputs = {k: np.asarray(v) for k, v in run(feeds).items()}
+    for output, value_ in outputs.items():
+        if output in USES[name]:
+            assert np.isnan(value_[1, 2]).all(), f"{runtime}: finite {output} at the bad step"
+        else:
+            assert np.isfinite(value_).all(), f"{runtime}: {output} is poisoned by {name}"
+
+
+# --------------------------------------------------------------------------------------
+# XLA with grids of different sizes
+
+
+@pytest.mark.parametrize("kind", ["axial", "mrope", "mrope_interleaved"])
+def test_multi_axis_rope_under_xla_with_dynamic_grid_sizes(kind):
+    layer = {
+        "axial": RotaryEmbedding(axes_dims=(4, 4)),
+        "mrope": RotaryEmbedding(mrope_section=SECTION),
+        "mrope_interleaved": RotaryEmbedding(mrope_section=SECTION, mrope_interleaved=True),
+    }[kind]
+    axes = 2 if kind == "axial" else 3
+    rotate = tf.function(
+        lambda x, p: layer(x, positions=p),
+        input_signature=[
+            tf.TensorSpec([None, None, HEADS, DIM]),
+            tf.TensorSpec([None, None, axes], tf.int32),
+        ],
+        jit_compile=True,
+    )
+    rng = np.random.default_rng(5)
+    # Grids of three sizes, the second across the cached rows, the third far past them.
+    for height, width, frames, offset in ((2, 3, 1, 0), (4, 5, 2, 4090), (3, 3, 1, 10**7)):
+        grid = grid_positions(height, width, frames=None if axes == 2 else frames)
+        positions = np.stack([grid + offset, grid[::-1] + offset // 2 + 5])
+        x = rng.standard_normal((2, len(grid), HEADS, DIM)).astype(np.float32)
+        angles = (
+            _axial_angles(positions, (4, 4))
+            if kind == "axial"
+            else _mrope_angles(positions, interleaved=kind == "mrope_interleaved")
+        )
+        np.testing.assert_allclose(
+            rotate(x, positions), _rotate(x, angles), atol=REFERENCE_TOLERANCE
+        )
+    assert rotate.experimental_get_tracing_count() == 1  # XLA compiles once per shape
