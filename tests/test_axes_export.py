@@ -103,7 +103,17 @@ def _shared_grid_model() -> keras.Model:
     x = keras.Input((None, WIDTH), name="x")
     positions = keras.Input(batch_shape=(None, 2), dtype="int32", name="positions")
     encoded = SinusoidalPositionalEncoding(axes=2, layout="concat")(x, positions=positions)
-    return keras.Model([x, positions], encoded, name="shared_grid")
+    heads = keras.layers.Reshape((-1, HEADS, DIM))(keras.layers.Concatenate()([x, x]))
+    rotated = RotaryEmbedding(axes_dims=(4, 4))(heads, positions=positions)
+    return keras.Model([x, positions], {"encoded": encoded, "rotated": rotated}, name="shared_grid")
+
+
+def _mrope_decoding_model() -> keras.Model:
+    # Text after an image: every axis at start_index + i, a runtime start.
+    x = keras.Input((None, HEADS, DIM), name="x")
+    start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
+    rotated = RotaryEmbedding(mrope_section=SECTION)(x, start_index=start)
+    return keras.Model([x, start], rotated, name="mrope_decoding")
 
 
 def _constant_grid_model() -> keras.Model:
@@ -125,9 +135,11 @@ MODELS = {
         RotaryEmbedding(mrope_section=SECTION, mrope_interleaved=True), 3, "mrope_interleaved"
     ),
     "shared_grid": _shared_grid_model,
+    "mrope_decoding": _mrope_decoding_model,
     "constant_grid": _constant_grid_model,
 }
-ROPE_MODELS = ("axial", "mrope", "mrope_interleaved", "constant_grid")
+# Rotations in the fused ONNX file: com.microsoft.RotaryEmbedding nodes.
+ROTATIONS = {"axial": 2, "mrope": 2, "mrope_interleaved": 2, "shared_grid": 1, "mrope_decoding": 1}
 
 
 SAVERS = {
@@ -216,8 +228,7 @@ def test_multi_axis_models_verify_on_every_runtime(exported, name, rotary):
 
 
 @pytest.mark.parametrize(
-    "name",
-    [*ROPE_MODELS[:-1], pytest.param("constant_grid", marks=FUSED_CONSTANT_ROWS)],
+    "name", [*ROTATIONS, pytest.param("constant_grid", marks=FUSED_CONSTANT_ROWS)]
 )
 def test_fused_onnx_uses_the_kernel_and_decomposed_does_not(exported, name):
     _, artifact = exported(name)
@@ -225,26 +236,33 @@ def test_fused_onnx_uses_the_kernel_and_decomposed_does_not(exported, name):
     for form in ("fused", "decomposed"):
         nodes = onnx.load(str(artifact(form))).graph.node
         counts[form] = sum(n.op_type == "RotaryEmbedding" for n in nodes)
-    assert counts == {"fused": 1 if name == "constant_grid" else 2, "decomposed": 0}
+    assert counts == {"fused": ROTATIONS.get(name, 1), "decomposed": 0}
 
 
 def _feeds(model: keras.Model, batch: int = 2, sequence: int = 32) -> dict[str, np.ndarray]:
     return kpe.default_inputs(model, batch, sequence, probe_offset=0)
 
 
-def _expected(name: str, model: keras.Model, feeds: dict) -> tuple[str | None, np.ndarray]:
-    """`(output name, float64 value)`; None names a model's only output."""
+def _expected(name: str, model: keras.Model, feeds: dict) -> dict[str | None, np.ndarray]:
+    """`{output name: float64 value}`; None names a model's only output."""
+    positions = feeds["positions"]
     if name == "sinusoidal_2d":
         table = model.get_layer("embedding").embeddings.numpy().astype(np.float64)
-        return None, table[feeds["token_ids"]] + _sinusoidal_2d(feeds["positions"])
+        return {None: table[feeds["token_ids"]] + _sinusoidal_2d(positions)}
     if name == "shared_grid":
-        return None, feeds["x"] + _sinusoidal_2d(feeds["positions"])[None]
+        x = feeds["x"]
+        heads = np.concatenate([x, x], -1).reshape(*x.shape[:2], HEADS, DIM)
+        angles = np.broadcast_to(_axial_angles(positions, (4, 4)), (*x.shape[:2], DIM // 2))
+        return {
+            "encoded": x + _sinusoidal_2d(positions)[None],
+            "rotated": _rotate(heads, angles),
+        }
     angles = {
         "axial": lambda p: _axial_angles(p, (4, 4)),
         "mrope": lambda p: _mrope_angles(p, interleaved=False),
         "mrope_interleaved": lambda p: _mrope_angles(p, interleaved=True),
-    }[name](feeds["positions"])
-    return "rotated", _rotate(feeds["x"], angles)
+    }[name](positions)
+    return {"rotated": _rotate(feeds["x"], angles)}
 
 
 @pytest.mark.parametrize(
@@ -255,14 +273,37 @@ def test_exported_files_are_the_formulas_at_every_table_boundary(exported, name)
     feeds = _feeds(model)
     for axis in range(feeds["positions"].shape[-1]):
         assert set(probe_positions(LIMIT)) <= set(feeds["positions"][..., axis].ravel())
-    key, expected = _expected(name, model, feeds)
+    expected = _expected(name, model, feeds)
     session, names = _onnx_session(artifact("fused"))
     onnx_outputs = dict(zip(names, session.run(None, feeds), strict=True))
     litert_outputs = LiteRTRunner(artifact("litert"))(feeds)
     for runtime, outputs in (("onnxruntime", onnx_outputs), ("litert", litert_outputs)):
-        got = outputs[key] if key is not None else next(iter(outputs.values()))
-        assert key is not None or len(outputs) == 1
-        np.testing.assert_allclose(got, expected, atol=REFERENCE_TOLERANCE, err_msg=runtime)
+        if None in expected:
+            assert len(outputs) == 1
+            outputs = {None: next(iter(outputs.values()))}
+        assert set(expected) <= set(outputs)
+        for key, value in expected.items():
+            np.testing.assert_allclose(
+                outputs[key], value, atol=REFERENCE_TOLERANCE, err_msg=f"{runtime} {key}"
+            )
+
+
+def test_mrope_decoding_files_are_plain_rope_from_the_start(exported):
+    # Text tokens: every axis at the same position, so M-RoPE is 1D RoPE from the start.
+    model, artifact = exported("mrope_decoding")
+    x = np.random.default_rng(1).standard_normal((2, 9, HEADS, DIM)).astype(np.float32)
+    session, _ = _onnx_session(artifact("fused"))
+    litert = LiteRTRunner(artifact("litert"))
+    for start in (0, 4090, LIMIT - 9):
+        feeds = {"x": x, "start_index": np.array(start, np.int32)}
+        expected = reference.rotary(x, np.arange(start, start + 9))
+        for runtime, got in (
+            ("onnxruntime", session.run(None, feeds)[0]),
+            ("litert", next(iter(litert(feeds).values()))),
+        ):
+            np.testing.assert_allclose(
+                got, expected, atol=REFERENCE_TOLERANCE, err_msg=f"{runtime} from {start}"
+            )
 
 
 def test_constant_grid_files_are_the_formulas(exported):
