@@ -336,6 +336,11 @@ def test_positions_of_several_axes_are_told_apart_from_1d_positions(exported):
     assert position_axes(exported("mrope")[0]) == {"positions": 3}
     assert position_axes(exported("shared_grid")[0]) == {"positions": 2}
     assert position_axes(exported("constant_grid")[0]) == {}
+    # The trailing axis of coordinates stays static in the exported signature.
+    shapes = {spec.name: spec.shape.as_list() for spec in kpe.input_signature(exported("mrope")[0])}
+    assert shapes["positions"] == [None, None, 3]
+    shapes = {s.name: s.shape.as_list() for s in kpe.input_signature(exported("shared_grid")[0])}
+    assert shapes["positions"] == [None, 2]
     feeds = _feeds(exported("shared_grid")[0], batch=3, sequence=5)
     assert feeds["x"].shape == (3, 5, WIDTH) and feeds["positions"].shape == (5, 2)
     # The axes take the probes in different orders: a token's coordinates differ.
