@@ -150,12 +150,6 @@ SAVERS = {
     ),
     "litert": lambda model, path: kpe.save_litert(model, path / "model.tflite"),
 }
-# The rotation's rows of a fixed grid are constants in the ONNX graph, with no node that
-# makes them, and the fused pass (onnx_passes._row_table) reads `producer.op_type` of None.
-# Fixed by the patch in the gridexport report; 1D RoPE on a fixed-length input fails alike.
-FUSED_CONSTANT_ROWS = pytest.mark.xfail(
-    raises=AttributeError, strict=True, reason="onnx_passes._row_table: rows with no producer"
-)
 
 
 @pytest.fixture(scope="module")
@@ -188,13 +182,9 @@ def _covers(runs: list[list[int]], values: np.ndarray) -> bool:
 # Verification on every runtime
 
 
-VERIFIED = [
-    pytest.param(name, rotary, marks=FUSED_CONSTANT_ROWS)
-    if (name, rotary) == ("constant_grid", "fused")
-    else (name, rotary)
-    for name in MODELS
-    for rotary in ("fused", "decomposed")
-]
+# "constant_grid": the rows of a fixed grid are folded into initializers, with no node that
+# makes them (the fused pass once failed on them; 1D RoPE on a fixed length does the same).
+VERIFIED = [(name, rotary) for name in MODELS for rotary in ("fused", "decomposed")]
 
 
 @pytest.mark.parametrize(("name", "rotary"), VERIFIED)
@@ -227,9 +217,7 @@ def test_multi_axis_models_verify_on_every_runtime(exported, name, rotary):
             assert _covers(runs, [4095, 4096, 4097, LIMIT - 1])
 
 
-@pytest.mark.parametrize(
-    "name", [*ROTATIONS, pytest.param("constant_grid", marks=FUSED_CONSTANT_ROWS)]
-)
+@pytest.mark.parametrize("name", [*ROTATIONS, "constant_grid"])
 def test_fused_onnx_uses_the_kernel_and_decomposed_does_not(exported, name):
     _, artifact = exported(name)
     counts = {}
