@@ -64,7 +64,7 @@ def _find(proto: onnx.ModelProto) -> list:
     for graph in graphs(proto.graph):
         if graph.name.endswith(_REST):
             continue  # the original expression, already behind its fast branch
-        index = {node.output[0]: position for position, node in enumerate(graph.node)}
+        index = {o: position for position, node in enumerate(graph.node) for o in node.output}
         readers = {name: node for node in graph.node for name in node.input}
         constants = None
         for node in graph.node:
