@@ -63,8 +63,9 @@ def renamed_rope_options(options: dict, kwargs: dict) -> dict:
 class RotaryAttention:
     """Mixin for a Keras attention layer whose projected queries and keys are rotated.
 
-    Listed before the Keras base class, it replaces the base's `call`; the base keeps its
-    weights, masks (`_compute_attention_mask`) and softmax. A subclass defines
+    Listed before the Keras base class, it replaces the base's `call` and adds the rotary
+    part to its `build` and `get_config`; the base keeps its weights, masks
+    (`_compute_attention_mask`) and softmax. A subclass defines
     `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim, value_dim)`,
     `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
@@ -103,13 +104,20 @@ class RotaryAttention:
             )
         self.positions_from_mask = bool(positions_from_mask)
 
-    def _build_rotary(self) -> None:
+    def build(self, query_shape, value_shape, key_shape=None) -> None:
+        if len(query_shape) != 3:
+            raise ValueError(
+                f"{type(self).__name__} takes queries of shape (batch, sequence, features), "
+                f"got shape {tuple(query_shape)}."
+            )
+        super().build(query_shape, value_shape, key_shape)
         # Queries and keys share the head size, whatever their number of heads.
         self.rotary_embedding.build((None, None, None, self._head_counts()[2]))
 
-    def _rope_config(self) -> dict:
+    def get_config(self) -> dict:
         rope = self.rotary_embedding
         return {
+            **super().get_config(),
             "rope_max_wavelength": rope.max_wavelength,
             "rope_layout": rope.layout,
             "rope_dim": rope.rotary_dim,

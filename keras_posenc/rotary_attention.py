@@ -96,15 +96,6 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         super().__init__(num_heads, key_dim, **kwargs)
         self._init_rotary(options, positions_from_mask)
 
-    def build(self, query_shape, value_shape, key_shape=None) -> None:
-        if len(query_shape) != 3:
-            raise ValueError(
-                "RotaryMultiHeadAttention takes queries of shape (batch, sequence, features), "
-                f"got shape {tuple(query_shape)}."
-            )
-        super().build(query_shape, value_shape, key_shape)
-        self._build_rotary()
-
     def _head_counts(self) -> tuple[int, int, int, int]:
         return self.num_heads, self.num_heads, self.key_dim, self.value_dim
 
@@ -116,6 +107,3 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
 
     def _uses_gate(self) -> bool:
         return self._use_gate
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), **self._rope_config()}

@@ -81,15 +81,6 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         super().__init__(head_dim, num_query_heads, num_key_value_heads, **kwargs)
         self._init_rotary(options, positions_from_mask)
 
-    def build(self, query_shape, value_shape, key_shape=None) -> None:
-        if len(query_shape) != 3:
-            raise ValueError(
-                "RotaryGroupQueryAttention takes queries of shape (batch, sequence, features), "
-                f"got shape {tuple(query_shape)}."
-            )
-        super().build(query_shape, value_shape, key_shape)
-        self._build_rotary()
-
     def _head_counts(self) -> tuple[int, int, int, int]:
         return self.num_query_heads, self.num_key_value_heads, self.head_dim, self.head_dim
 
@@ -101,6 +92,3 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
 
     def _uses_gate(self) -> bool:
         return self.use_gate
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), **self._rope_config()}
