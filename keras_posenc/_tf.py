@@ -99,16 +99,14 @@ _export = threading.local()
 def tables_stored_once() -> Iterator[None]:
     """While a SavedModel is traced: every use of a host table refers to one stored copy.
 
-    A constant made while tracing is a node of the function that uses it, and each use
-    is traced again (every layer, both branches of a run-time choice, each conditional's
-    function), so a SavedModel would hold one copy of the same table per use. Inside,
-    `traced_constant` makes each table once, eagerly, and every trace captures that
-    tensor: `tf.saved_model.save` writes a captured eager tensor once, as a constant the
-    loaded functions share, and the file still loads with `tf.saved_model.load` alone. A
-    non-trainable `tf.Variable` is stored once too (in `variables/`), but would be a
-    model weight to every tool that lists them. Only for SavedModels: a captured tensor
-    is an unfeedable input of an ONNX graph (tf2onnx), and the ONNX writer and the
-    LiteRT converter merge identical constants themselves.
+    A constant made while tracing is a node of the function that uses it, and every use
+    (each layer, each branch of a run-time choice) is its own trace: a SavedModel would
+    hold one copy of a table per use. Inside, `traced_constant` makes each table once,
+    eagerly, and every trace captures that tensor, which `tf.saved_model.save` writes
+    once, as a constant the loaded functions share (loadable by `tf.saved_model.load`
+    alone). A non-trainable `tf.Variable` is stored once too, but would be a weight to
+    every tool that lists them. Only for SavedModels: a captured tensor is an unfeedable
+    ONNX input, and `save_onnx` (`dedupe_constants`) and the LiteRT converter merge copies.
     """
     previous = getattr(_export, "stored", None)
     _export.stored = {}

@@ -210,6 +210,7 @@ class PositionTable:
         self._cached = tuple(
             _tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS))
         )
+        self._below: dict[int, tuple[_tf.HostConstant, ...]] = {}
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""
@@ -303,10 +304,9 @@ class PositionTable:
 
     def _cached_below(self, bound: int) -> tuple[_tf.HostConstant, ...]:
         """The cached rows below `bound` (at most `CACHED_POSITIONS`), one set per bound."""
-        below = self.__dict__.setdefault("_below", {})
-        if bound not in below:
-            below[bound] = tuple(_tf.HostConstant(t.array[:bound]) for t in self._cached)
-        return below[bound]
+        if bound not in self._below:
+            self._below[bound] = tuple(_tf.HostConstant(t.array[:bound]) for t in self._cached)
+        return self._below[bound]
 
     def _cached_rows(self, start, length) -> tuple[tf.Tensor, ...]:
         return tuple(t.rows(start, length) for t in self._cached)

@@ -192,7 +192,7 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
                 f"width {spec.width}, "
                 f"{spec.num_heads} heads, {spec.num_blocks} blocks, feed-forward "
                 f"{spec.feed_forward_dim}, longest sequence "
-                f"{spec.max_sequence_length or 'unbounded'}",
+                f"{arguments.max_length or spec.max_sequence_length or 'unbounded'}",
             )
         )
     return result
