@@ -13,7 +13,9 @@ start and near its end:
   allowed position (those that fit below it);
 - a model with an integer `positions` input gets positions drawn from the same places
   (the first rows, both sides of each table boundary, the last rows), spread over its
-  batch rows and steps, the rest random;
+  batch rows and steps, the rest random; positions with a trailing axis of coordinates
+  (`(batch, sequence, axes)`, or `(sequence, axes)` for a multi-axis layer) get every
+  probe on every axis, each axis in its own order, so that a token's coordinates differ;
 - a model with neither reaches rows `0 .. length - 1` only: its longest case is the longest
   sequence it allows, or, with no limit known, `REACHING_LENGTHS`: `CACHED_POSITIONS` steps
   (every cached row) and 17 more (a run that long is computed from the split tables).
@@ -77,7 +79,7 @@ def position_limit(model: keras.Model, max_sequence_length: int | None = None) -
 def position_inputs(model: keras.Model) -> dict[str, str]:
     """The model's integer inputs that carry positions: `{name: "start_index" | "positions"}`.
 
-    A scalar integer input is a start index. An integer input of rank 1 or 2 carries
+    A scalar integer input is a start index. An integer input of rank 1 to 3 carries
     positions when the model passes it as `positions=` (or `query_positions=`,
     `key_positions=`) to a layer, or when its name says `position`; others are token ids.
     """
@@ -99,6 +101,60 @@ def position_inputs(model: keras.Model) -> dict[str, str]:
                 if name is not None and keyword in _POSITION_KEYWORDS:
                     kinds.setdefault(name, "positions")
     return kinds
+
+
+def position_axes(model: keras.Model) -> dict[str, int]:
+    """The coordinates per position of each positions input: `{name: axes}` (1 for 1D).
+
+    An input of rank 3 is `(batch, sequence, axes)`. An input of rank 2 is
+    `(batch, sequence)`, unless it is passed to a layer of several axes
+    (`SinusoidalPositionalEncoding(axes=n)`, `RotaryEmbedding(axes_dims=...)` or
+    `mrope_section=...`): then it is `(sequence, axes)`, one grid for every batch row.
+    """
+    specs = {spec.name: spec for spec in input_signature(model)}
+    multi_axis = _multi_axis_inputs(model)
+    axes = {}
+    for name, kind in position_inputs(model).items():
+        if kind != "positions":
+            continue
+        shape = specs[name].shape
+        if shape.rank == 3 or (shape.rank == 2 and name in multi_axis):
+            axes[name] = int(shape[-1])
+        else:
+            axes[name] = 1
+    return axes
+
+
+def _multi_axis_inputs(model: keras.Model) -> set[str]:
+    """Names of the model inputs passed as `positions=` to a layer of several axes."""
+    by_id = {
+        id(tensor): spec.name
+        for spec, tensor in zip(input_signature(model), model.inputs, strict=True)
+    }
+    names = set()
+    for layer in _all_layers(model):
+        axes = getattr(layer, "axes", 1)
+        for option in ("axes_dims", "mrope_section"):
+            if getattr(layer, option, None) is not None:
+                axes = len(getattr(layer, option))
+        if not isinstance(axes, int) or axes < 2:
+            continue
+        for node in getattr(layer, "_inbound_nodes", []):
+            arguments = getattr(node, "arguments", None)
+            value = (getattr(arguments, "kwargs", None) or {}).get("positions")
+            if id(value) in by_id:
+                names.add(by_id[id(value)])
+    return names
+
+
+def _positions_per_case(model: keras.Model, batch: int, sequence: int) -> int:
+    """How many probes one case's positions hold (the fewest over the positions inputs)."""
+    specs = {spec.name: spec for spec in input_signature(model)}
+    counts = [
+        sequence if axes > 1 and specs[name].shape.rank == 2 else batch * sequence
+        for name, axes in position_axes(model).items()
+    ]
+    return min(counts, default=batch * sequence)
 
 
 def probe_positions(limit: int) -> np.ndarray:
@@ -192,11 +248,11 @@ def verification_cases(
         offset = 0
         for case in cases:
             case["probe_offset"] = offset % probes
-            offset += case["batch"] * case["sequence"]
+            offset += _positions_per_case(model, case["batch"], case["sequence"])
         while offset < probes:
             case = {"batch": min(batches), "sequence": max(lengths), "probe_offset": offset}
             cases.append(case)
-            offset += case["batch"] * case["sequence"]
+            offset += _positions_per_case(model, case["batch"], case["sequence"])
     return cases
 
 
@@ -230,8 +286,10 @@ def default_inputs(
     Float inputs are standard normal; a start index is `start_index` (default: 0);
     positions inputs hold `probe_positions` from `probe_offset` on, spread over the batch
     rows and steps (as many as fit), the rest random below the model's limit
-    (`position_limit(model, longest)`); other integer inputs are token ids below the
-    smallest `Embedding` vocabulary in the model (0 or 1 without one). Axes the model
+    (`position_limit(model, longest)`); with a trailing axis of coordinates every axis
+    holds them, axis `a` from `a` probes later (`(sequence, axes)` positions, see
+    `position_axes`, are one grid for all rows); other integer inputs are token ids below
+    the smallest `Embedding` vocabulary in the model (0 or 1 without one). Axes the model
     fixes keep their sizes.
     """
     rng = np.random.default_rng([seed, batch, sequence, start_index or 0])
@@ -240,12 +298,16 @@ def default_inputs(
     ]
     high = min(vocabularies) if vocabularies else 2
     kinds = position_inputs(model)
+    axes = position_axes(model)
     limit = position_limit(model, longest)
     feeds = {}
     for spec in input_signature(model):
+        wanted = [batch, sequence, *spec.shape[2:]]
+        if axes.get(spec.name, 1) > 1 and spec.shape.rank == 2:
+            wanted = [sequence, spec.shape[1]]  # (sequence, axes): one grid for every row
         shape = [
-            given if given is not None else wanted
-            for given, wanted in zip(spec.shape, [batch, sequence, *spec.shape[2:]], strict=False)
+            given if given is not None else size
+            for given, size in zip(spec.shape, wanted, strict=False)
         ]
         dtype = spec.dtype.as_numpy_dtype
         kind = kinds.get(spec.name)
@@ -256,15 +318,35 @@ def default_inputs(
         elif kind == "start_index" or spec.shape.rank == 0:
             value = np.array(start_index or 0)
         elif kind == "positions":
-            value = rng.integers(0, limit, shape).reshape(-1)
-            probes = np.roll(probe_positions(limit), -probe_offset)
-            count = min(len(probes), value.size)
-            value[:count] = probes[:count]
-            value = value.reshape(shape)
+            value = _probing_positions(rng, shape, axes[spec.name], limit, probe_offset)
         else:
             value = rng.integers(0, high, shape)
         feeds[spec.name] = np.asarray(value).astype(dtype)
     return feeds
+
+
+def _probing_positions(rng, shape, axes: int, limit: int, probe_offset: int) -> np.ndarray:
+    """Random positions below `limit` of `shape`, the probes from `probe_offset` on first.
+
+    With `axes > 1` the last axis holds coordinates: each axis gets the probes, axis `a`
+    from `probe_offset + a` on, so every axis reaches every table boundary (cases that
+    follow each other take the probes in turn) and no token has equal coordinates only.
+    """
+    value = rng.integers(0, limit, shape).reshape(-1, axes)
+    probes = probe_positions(limit)
+    count = min(len(probes), value.shape[0])
+    for axis in range(axes):
+        value[:count, axis] = np.roll(probes, -(probe_offset + axis))[:count]
+    return value.reshape(shape)
+
+
+def covered_coordinates(model: keras.Model, feeds: dict) -> dict[str, list[np.ndarray]]:
+    """Per multi-axis positions input, the coordinates a case's inputs hold on each axis."""
+    return {
+        name: [np.unique(np.asarray(feeds[name])[..., a].astype(np.int64)) for a in range(axes)]
+        for name, axes in position_axes(model).items()
+        if axes > 1
+    }
 
 
 def covered_positions(model: keras.Model, feeds: dict, sequence: int) -> np.ndarray:

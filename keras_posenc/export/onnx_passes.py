@@ -298,7 +298,12 @@ def _row_table(emit: Emitter, rotation: Rotation, table: str, info: dict) -> str
     input of the one before the product may be the rows in another arrangement.
     """
     producer = next((n for n in emit.graph.node if table in n.output), None)
-    if (rotation.rank, rotation.sequence_axis) == (4, 1) and producer.op_type == "Reshape":
+    # Rows of a fixed grid or length are folded into an initializer: no node makes them.
+    if (
+        (rotation.rank, rotation.sequence_axis) == (4, 1)
+        and producer is not None
+        and producer.op_type == "Reshape"
+    ):
         rows = producer.input[0]
         # tf2onnx may add a leading axis first; it moves no value.
         source = next((n for n in emit.graph.node if rows in n.output), None)

@@ -23,6 +23,7 @@ from keras_posenc.export.coverage import (
     BATCH_SIZES,
     SEQUENCE_LENGTHS,
     as_ranges,
+    covered_coordinates,
     covered_positions,
     default_inputs,
     longest_sequence,
@@ -210,8 +211,9 @@ def verify_export(
         The report: `passed`; `cases`, per case each runtime's `max_abs_error`,
         `max_rel_error`, `passed` and `latency_ms`; `summary`, per runtime the largest
         errors over all cases; `positions` (the limit, the position inputs, and the
-        positions covered as `[first, last]` runs); `sizes` (bytes of the artifacts, of
-        the model's weights and of its position tables); `tolerance`; `notes`.
+        positions covered as `[first, last]` runs; with several axes also
+        `covered_per_axis`, `{input: [runs of axis 0, ...]}`); `sizes` (bytes of the
+        artifacts, of the model's weights and of its position tables); `tolerance`; `notes`.
 
     Raises:
         ValueError: batch sizes or sequence lengths that are not positive integers.
@@ -266,9 +268,12 @@ def verify_export(
     started = time.perf_counter()
     cases = []
     covered = []
+    covered_axes = {}  # multi-axis positions inputs: {name: [coordinates of each axis]}
     for shape in cases_to_run:
         feeds = feeds_for(shape)
         covered.append(covered_positions(exported, feeds, shape["sequence"]))
+        for name, per_axis in covered_coordinates(exported, feeds).items():
+            covered_axes.setdefault(name, []).append(per_axis)
         calls = runtimes.calls(feeds)
         outputs = {}
         for name, call in calls.items():  # also the warm-up
@@ -337,6 +342,11 @@ def verify_export(
         "summary": summarize(cases, runtimes.names, compared),
         "cases": cases,
     }
+    if covered_axes:
+        report["positions"]["covered_per_axis"] = {
+            name: [as_ranges(np.concatenate(axis)) for axis in zip(*parts, strict=True)]
+            for name, parts in covered_axes.items()
+        }
     if report_path is not None:
         write_json(report, report_path)
     if raise_on_failure and not report["passed"]:
