@@ -275,9 +275,7 @@ def test_a_fixed_length_carries_only_its_rows(tmp_path):
     model = keras.Model({"x": x, "heads": heads}, outputs)
     reachable = sinusoidal_table_bytes(8, 16) + rotary_table_bytes(8, 16)
     saved = kpe.save_saved_model(model, tmp_path / "saved_model")
-    # Decomposed: the fused pass fails on rows that are a constant (onnx_passes._row_table
-    # reads the node that makes them, and a constant's initializer has none).
-    onnx_path = kpe.save_onnx(model, tmp_path / "model.onnx", rotary="decomposed")
+    onnx_path = kpe.save_onnx(model, tmp_path / "model.onnx")
     _reachable_rows_only(saved_model_arrays(saved), 16, reachable, "saved_model")
     _reachable_rows_only(onnx_arrays(onnx_path), 16, reachable, "onnx")
 
