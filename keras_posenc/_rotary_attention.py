@@ -179,13 +179,17 @@ class RotaryAttention:
                     query_positions = positions_from_mask(query_mask, query_start_index)
                     query_start_index = 0
                 if key_positions is None and own_key_mask is not None:
-                    key_positions = positions_from_mask(own_key_mask, key_start_index)
+                    if own_key_mask is query_mask and key_start_index is query_start_index:
+                        key_positions = query_positions
+                    else:
+                        key_positions = positions_from_mask(own_key_mask, key_start_index)
                     key_start_index = 0
-            query_heads = self.rotary_embedding(
-                query_heads, positions=query_positions, start_index=query_start_index
-            )
-            key_heads = self.rotary_embedding(
-                key_heads, positions=key_positions, start_index=key_start_index
+            query_heads, key_heads = self._rotate_queries_and_keys(
+                query_heads,
+                key_heads,
+                key is query,
+                (query_positions, query_start_index),
+                (key_positions, key_start_index),
             )
             causal_only = (
                 use_causal_mask
@@ -228,6 +232,7 @@ class RotaryAttention:
                     "query_positions / key_positions for others, not start indices."
                 )
             query_heads, key_heads, value_heads, attention_mask, new_cache = self._use_cache(
+                key is query,
                 cache,
                 cache_update_index,
                 cache_mask,
@@ -260,8 +265,30 @@ class RotaryAttention:
             return output, scores
         return output
 
+    def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):
+        """Queries and keys rotated at `(positions, start_index)` `query_at` / `key_at`.
+
+        Self-attention rotates both at the same positions: one row lookup serves both, so
+        an exported graph holds one (and onnxruntime runs one) per layer, not two.
+        """
+        (query_positions, query_start), (key_positions, key_start) = query_at, key_at
+        same_start = query_start is key_start or (
+            isinstance(query_start, (int, np.integer))
+            and isinstance(key_start, (int, np.integer))
+            and query_start == key_start
+        )
+        if same_tokens and query_positions is key_positions and same_start:
+            return self.rotary_embedding.rotate_together(
+                (query_heads, key_heads), positions=query_positions, start_index=query_start
+            )
+        return (
+            self.rotary_embedding(query_heads, positions=query_positions, start_index=query_start),
+            self.rotary_embedding(key_heads, positions=key_positions, start_index=key_start),
+        )
+
     def _use_cache(
         self,
+        same_tokens,
         cache,
         cache_update_index,
         cache_mask,
@@ -314,18 +341,18 @@ class RotaryAttention:
             if query_positions is None:
                 query_positions = columns(slots, index, steps)
             if key_positions is None:
-                key_positions = columns(slots, index, new)
+                key_positions = query_positions if same_tokens else columns(slots, index, new)
         elif key_positions is None and query_positions is not None:
             # The new keys are the new tokens: by default they sit where the queries do.
             key_positions = query_positions
-        if query_positions is None:
-            query_heads = self.rotary_embedding(query_heads, start_index=index)
-        else:
-            query_heads = self.rotary_embedding(query_heads, positions=query_positions)
-        if key_positions is None:
-            key_heads = self.rotary_embedding(key_heads, start_index=index)
-        else:
-            key_heads = self.rotary_embedding(key_heads, positions=key_positions)
+        # Explicit positions take start 0 (the checks refuse both at once).
+        query_heads, key_heads = self._rotate_queries_and_keys(
+            query_heads,
+            key_heads,
+            same_tokens,
+            (query_positions, index if query_positions is None else 0),
+            (key_positions, index if key_positions is None else 0),
+        )
         if valid is not None:
             # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
             # the select covers the new tokens only, and an exported graph stays safe

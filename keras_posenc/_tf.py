@@ -60,6 +60,7 @@ class HostConstant:
     A `tf.constant` made eagerly and captured by a traced function turns into an extra,
     unfeedable input of an exported ONNX graph; one made while tracing is a plain
     constant node. Eager calls reuse one tensor instead of copying the array every call.
+    While a SavedModel is traced (`tables_stored_once`) every use shares one copy.
     """
 
     def __init__(self, array: np.ndarray):
@@ -71,7 +72,7 @@ class HostConstant:
             if self._eager_tensor is None:
                 self._eager_tensor = tf.constant(self.array)
             return self._eager_tensor
-        return tf.constant(self.array)
+        return traced_constant(self, (), lambda: self.array)
 
     def rows(self, start, length) -> tf.Tensor:
         """Rows `start .. start + length - 1`: when both are ints and a graph is traced,
@@ -82,8 +83,77 @@ class HostConstant:
             and isinstance(length, (int, np.integer))
             and not tf.executing_eagerly()
         ):
-            return tf.constant(self.array[start : start + length])
+            return traced_constant(
+                self, (int(start), int(length)), lambda: self.array[start : start + length]
+            )
         return slice_rows(self.tensor(), start, length)
+
+
+# --------------------------------------------------------------------------------------
+# Host tables in exported files
+
+_export = threading.local()
+
+
+@contextlib.contextmanager
+def tables_stored_once() -> Iterator[None]:
+    """While a SavedModel is traced: every use of a host table refers to one stored copy.
+
+    A constant made while tracing is a node of the function that uses it, and every use
+    (each layer, each branch of a run-time choice) is its own trace: a SavedModel would
+    hold one copy of a table per use. Inside, `traced_constant` makes each table once,
+    eagerly, and every trace captures that tensor, which `tf.saved_model.save` writes
+    once, as a constant the loaded functions share (loadable by `tf.saved_model.load`
+    alone). A non-trainable `tf.Variable` is stored once too, but would be a weight to
+    every tool that lists them. Only for SavedModels: a captured tensor is an unfeedable
+    ONNX input, and `save_onnx` (`dedupe_constants`) and the LiteRT converter merge copies.
+    """
+    previous = getattr(_export, "stored", None)
+    _export.stored = {}
+    try:
+        yield
+    finally:
+        _export.stored = previous
+
+
+def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Tensor:
+    """A constant of `array()` in the graph being traced, for `owner`'s rows named `key`.
+
+    A node of its own, or inside `tables_stored_once` one eager tensor per `(owner, key)`
+    that every trace captures.
+    """
+    stored = getattr(_export, "stored", None)
+    if stored is None:
+        return tf.constant(array())
+    entry = stored.get((id(owner), key))
+    if entry is None:
+        with tf.init_scope():
+            # The owner is kept with its tensor, so that its id is not reused meanwhile.
+            entry = stored[(id(owner), key)] = (owner, tf.constant(array()))
+    return entry[1]
+
+
+@contextlib.contextmanager
+def positions_bounded(bound: int | None) -> Iterator[None]:
+    """While an export is traced for positions below `bound` only (None: no bound).
+
+    Position tables read it (`position_bound`) to hold only the rows below it, and treat
+    positions at or past it as bad: an assertion in a SavedModel, NaN rows in ONNX and
+    LiteRT. Outside, nothing is bounded.
+    """
+    previous = getattr(_export, "bound", None)
+    _export.bound = bound
+    try:
+        yield
+    finally:
+        _export.bound = previous
+
+
+def position_bound() -> int | None:
+    """The bound of the export being traced (`positions_bounded`), or None."""
+    if tf.executing_eagerly():
+        return None
+    return getattr(_export, "bound", None)
 
 
 # --------------------------------------------------------------------------------------

@@ -26,7 +26,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import _tf
-from keras_posenc._checks import checked_choice, checked_even_width, checked_max_wavelength
+from keras_posenc._checks import (
+    after,
+    check,
+    checked_choice,
+    checked_even_width,
+    checked_max_wavelength,
+)
 
 CACHED_POSITIONS = 4096
 MAX_POSITIONS = CACHED_POSITIONS * CACHED_POSITIONS  # 16,777,216
@@ -116,10 +122,22 @@ class FrequencyTable:
         )
         return tuple(_tf.HostConstant(t.astype(np.float32)) for t in (*fine, *coarse))
 
-    def sin_cos(self, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """float32 `(sin, cos)` for integer `positions` (any shape, in `[0, MAX_POSITIONS)`)."""
+    def sin_cos(
+        self, positions: tf.Tensor, below: int | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """float32 `(sin, cos)` for integer `positions` (any shape, in `[0, MAX_POSITIONS)`).
+
+        `below`: the positions are known to be below it (an export's bound), so only the
+        coarse rows below it are needed.
+        """
         lookup = _eager_lookup_sin_cos if tf.executing_eagerly() else lookup_sin_cos
-        return lookup(positions, *(t.tensor() for t in self._split_tables))
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self._split_tables
+        if below is None:
+            coarse = (coarse_sin.tensor(), coarse_cos.tensor())
+        else:
+            rows = -(-below // CACHED_POSITIONS)
+            coarse = (coarse_sin.rows(0, rows), coarse_cos.rows(0, rows))
+        return lookup(positions, fine_sin.tensor(), fine_cos.tensor(), *coarse)
 
 
 def _split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -192,6 +210,7 @@ class PositionTable:
         self._cached = tuple(
             _tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS))
         )
+        self._below: dict[int, tuple[_tf.HostConstant, ...]] = {}
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""
@@ -205,7 +224,23 @@ class PositionTable:
 
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """Rows for integer `positions` of any shape, each in `[0, MAX_POSITIONS)`."""
-        return tuple(self.make_rows(*self.frequencies.sin_cos(positions)))
+        bound = _tf.position_bound()
+        if bound is None:
+            return tuple(self.make_rows(*self.frequencies.sin_cos(positions)))
+        largest = tf.reduce_max(positions)
+        checks = check(
+            lambda top: top < bound,
+            [largest],
+            lambda top: f"the largest of the positions is {top}, " + _past_bound(bound),
+        )
+        valid = True if not checks else largest < bound  # no checks: they ran now
+        # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
+        positions = tf.minimum(after(checks, positions), bound - 1)
+        if bound <= CACHED_POSITIONS:
+            rows = tuple(tf.gather(t.tensor(), positions) for t in self._cached_below(bound))
+        else:
+            rows = self.make_rows(*self.frequencies.sin_cos(positions, below=bound))
+        return _tf.nan_unless(rows, valid)
 
     def slice(self, start, length, combine=as_rows):
         """`combine(*rows)` for positions `start .. start + length - 1` (ints or int32 scalars).
@@ -213,7 +248,19 @@ class PositionTable:
         `combine` is what the caller makes of the rows (`inputs + rows`, a rotation). One
         decision: the run fits in the cached rows (a slice), it does not (rows computed
         from the split tables), or that is known only at run time (both, chosen then).
+        While an export is traced with a bound (`_tf.positions_bounded`) the run must end
+        at or below it and only the rows below it are held: a bound within the cache
+        leaves no split tables at all.
         """
+        bound = _tf.position_bound()
+        if bound is not None:
+            start, length, combine = self._within(bound, start, length, combine)
+            if bound <= CACHED_POSITIONS:
+                if not isinstance(start, (int, np.integer)):
+                    # Clamped so that the slice stays valid: the rows are poisoned instead.
+                    start = tf.clip_by_value(start, 0, tf.maximum(bound - length, 0))
+                cached = self._cached_below(bound)
+                return combine(*(t.rows(start, length) for t in cached))
         static = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
         if static:
             fits = start + length <= CACHED_POSITIONS
@@ -237,6 +284,30 @@ class PositionTable:
             unknown=start >= 0,
         )
 
+    @staticmethod
+    def _within(bound: int, start, length, combine):
+        """`start`, `length` and `combine` for a run that must end at or below `bound`:
+        checked now when both are known, else an assertion, and NaN rows where assertions
+        are dropped (`_tf.nan_unless`)."""
+        # `start <= bound - length`, not `start + length <= bound`: the sum could wrap.
+        checks = check(
+            lambda first, steps: first <= bound - steps,
+            [start, length],
+            lambda first, steps: (
+                f"start_index {first} + sequence length {steps} run past the last position, "
+                + _past_bound(bound)
+            ),
+        )
+        known = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
+        valid = True if known else start <= bound - length
+        return after(checks, start), length, lambda *rows: combine(*_tf.nan_unless(rows, valid))
+
+    def _cached_below(self, bound: int) -> tuple[_tf.HostConstant, ...]:
+        """The cached rows below `bound` (at most `CACHED_POSITIONS`), one set per bound."""
+        if bound not in self._below:
+            self._below[bound] = tuple(_tf.HostConstant(t.array[:bound]) for t in self._cached)
+        return self._below[bound]
+
     def _cached_rows(self, start, length) -> tuple[tf.Tensor, ...]:
         return tuple(t.rows(start, length) for t in self._cached)
 
@@ -244,12 +315,27 @@ class PositionTable:
         if isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer)):
             if not tf.executing_eagerly() and 0 <= start <= MAX_POSITIONS - length:
                 # Known while tracing: exact host rows, embedded as just those rows.
+                host = functools.cache(lambda: self._host_rows(np.arange(start, start + length)))
                 return tuple(
-                    tf.constant(t) for t in self._host_rows(np.arange(start, start + length))
+                    _tf.traced_constant(
+                        self, ("computed", int(start), int(length), i), lambda i=i: host()[i]
+                    )
+                    for i in range(len(self._cached))
                 )
-        # Clamped into the split tables' range; the caller poisons the rows of bad positions.
-        positions = tf.clip_by_value(tf.range(length) + start, 0, MAX_POSITIONS - 1)
-        return self.gather(positions)
+        bound = _tf.position_bound()
+        # Clamped into the split tables' range (or the export's bound); the caller poisons
+        # the rows of bad positions.
+        top = MAX_POSITIONS if bound is None else bound
+        positions = tf.clip_by_value(tf.range(length) + start, 0, top - 1)
+        return tuple(self.make_rows(*self.frequencies.sin_cos(positions, below=bound)))
+
+
+def _past_bound(bound: int) -> str:
+    return (
+        f"but this model was exported for positions below {bound} (max_sequence_length): "
+        "its files hold the rows below it only. Export it again with a larger "
+        "max_sequence_length, or none."
+    )
 
 
 # Tables shared by every live layer of one configuration; a table no layer holds is freed.

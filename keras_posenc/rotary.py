@@ -11,6 +11,7 @@ call is two multiplies, one swap and one add.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -260,22 +261,40 @@ class RotaryEmbedding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
-        checked_call_input(self, inputs, self._built_rank, {self._feature_axis: self._head_dim})
-        form = _tf.swap_form(inputs)
+        (outputs,) = self.rotate_together((inputs,), positions, start_index, mask)
+        return outputs
+
+    def rotate_together(
+        self, tensors: Sequence[tf.Tensor], positions=None, start_index=0, mask=None
+    ) -> tuple[tf.Tensor, ...]:
+        """Rotates several inputs at the same positions with one lookup of their rows.
+
+        What `call` does for each of `tensors` (the queries and keys of self-attention),
+        with the rows looked up and checked once: an exported graph then holds one row
+        lookup for both. The tensors must agree in batch and sequence length; `call`'s
+        arguments otherwise. Call it on a built layer, inside the caller's own `call`.
+        """
+        for x in tensors:
+            checked_call_input(self, x, self._built_rank, {self._feature_axis: self._head_dim})
+        first = tensors[0]
+        forms = [_tf.swap_form(x) for x in tensors]
 
         def rotate(cos_table, sin_table):
-            return self._rotate(inputs, cos_table, sin_table, form)
+            return tuple(
+                self._rotate(x, cos_table, sin_table, form)
+                for x, form in zip(tensors, forms, strict=True)
+            )
 
         rows = functools.partial(
             position_rows,
             self._table,
-            static_dim(inputs, self._sequence_axis),
+            static_dim(first, self._sequence_axis),
             positions,
             start_index,
             limit=MAX_POSITIONS,
             limit_hint="the rotation is exact only below that.",
             mask=mask if self.positions_from_mask else None,
-            batch=static_dim(inputs, 0),
+            batch=static_dim(first, 0),
             axes=self._axes,
         )
         if self.axes_dims is not None and positions is None and not self.positions_from_mask:
@@ -284,9 +303,11 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"sequence, {self._axes}), one coordinate per axis; for a patch grid use "
                 "positions=keras_posenc.grid_positions(height, width)."
             )
-        outputs = rows(combine=rotate) if _tf.rows_fuse_into_rotation(form) else rotate(*rows())
-        outputs.set_shape(inputs.shape)
-        return outputs
+        fuse = all(_tf.rows_fuse_into_rotation(form) for form in forms)
+        outputs = rows(combine=rotate) if fuse else rotate(*rows())
+        for x, output in zip(tensors, outputs, strict=True):
+            output.set_shape(x.shape)
+        return tuple(outputs)
 
     def _rotate(self, inputs, cos_table, sin_table, form: str):
         rank = inputs.shape.rank

@@ -118,7 +118,7 @@ def test_failed_export_writes_nothing_and_exits_1(tmp_path, capsys):
         (["--model", "/nonexistent/model.keras"], "no such file"),
         (["--batch-sizes", "0,2"], "positive integers"),
         (["--encoder", "nope"], "invalid choice"),
-        (["--max-length", "10"], "--max-length is for --model"),
+        (["--max-sequence-length", "0"], "positive integers"),
     ],
 )
 def test_bad_arguments_are_usage_errors(arguments, message, tmp_path, capsys):

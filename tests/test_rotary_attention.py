@@ -497,3 +497,32 @@ def test_concurrent_calls_keep_their_own_positions(tracing):
     for i, outputs in _threads(work).items():
         for output in outputs:
             np.testing.assert_allclose(output, expected[i], rtol=0, atol=TOLERANCE)
+
+
+def _conditionals(function, *specs) -> int:
+    graph = tf.function(function, input_signature=list(specs)).get_concrete_function().graph
+    return sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+
+
+def test_self_attention_looks_up_its_rows_once():
+    # The run-time choice between cached and computed rows is one conditional per lookup;
+    # queries and keys at the same positions share it, and an exported graph holds one.
+    layer = RotaryMultiHeadAttention(HEADS, KEY_DIM)
+    layer(tf.zeros((1, 3, WIDTH)), tf.zeros((1, 3, WIDTH)))
+    sequence, start = tf.TensorSpec([None, None, WIDTH]), tf.TensorSpec([], tf.int32)
+    one_lookup = _conditionals(
+        lambda heads, s: layer.rotary_embedding(heads, start_index=s),
+        tf.TensorSpec([None, None, HEADS, KEY_DIM]),
+        start,
+    )
+    assert one_lookup >= 1
+    self_attention = _conditionals(
+        lambda q, s: layer(q, q, query_start_index=s, key_start_index=s), sequence, start
+    )
+    cross_attention = _conditionals(
+        lambda q, v, s: layer(q, v, query_start_index=s, key_start_index=s),
+        sequence,
+        sequence,
+        start,
+    )
+    assert (self_attention, cross_attention) == (one_lookup, 2 * one_lookup)

@@ -79,11 +79,13 @@ from keras_posenc.export.report import (
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
     compare_outputs,
+    litert_constant_bytes,
     parameter_bytes,
     position_table_bytes,
+    saved_model_constant_bytes,
 )
 from keras_posenc.export.saved_model import save_saved_model
-from keras_posenc.export.signature import input_signature, serving_function
+from keras_posenc.export.signature import export_bound, input_signature, serving_function
 from keras_posenc.export.verify import RUNTIMES, verify_export
 
 __all__ = [
@@ -102,10 +104,12 @@ __all__ = [
     "compute_dtypes",
     "dedupe_constants",
     "default_inputs",
+    "export_bound",
     "exportable_model",
     "float32_copy",
     "input_signature",
     "litert_flatbuffer",
+    "litert_constant_bytes",
     "litert_interpreter",
     "litert_ops",
     "position_inputs",
@@ -123,6 +127,7 @@ __all__ = [
     "position_table_bytes",
     "save_onnx",
     "save_saved_model",
+    "saved_model_constant_bytes",
     "serving_function",
     "verification_shapes",
     "verify_export",

@@ -117,11 +117,15 @@ def parse_arguments(
         "(default: fused)",
     )
     parser.add_argument(
+        "--max-sequence-length",
         "--max-length",
+        dest="max_length",
         type=_positive_integer,
         metavar="N",
-        help="the longest sequence --model allows, verified as well (default: its smallest "
-        "learned position table, if any)",
+        help="the largest position + 1 the files serve (with a start_index input, start + "
+        "length stay within it): their position tables hold only the rows below it, and "
+        "verification goes up to it (default: the smallest learned position table, if any; "
+        "else unbounded). --max-length is the old name",
     )
     parser.add_argument(
         "--batch-sizes",
@@ -158,8 +162,6 @@ def parse_arguments(
             parser.error(f"--model {arguments.model}: no such file")
         if arguments.model.suffix != ".keras":
             parser.error(f"--model {arguments.model}: expected a .keras file (model.save(...))")
-    elif arguments.max_length is not None:
-        parser.error("--max-length is for --model; the default encoders know their own")
     return arguments
 
 
@@ -185,12 +187,12 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
             Job(
                 name,
                 lambda spec=spec: encoders.build_encoder(spec),
-                spec.max_sequence_length,
+                arguments.max_length or spec.max_sequence_length,
                 f"built the {spec.position} encoder: vocabulary {spec.vocabulary_size}, "
                 f"width {spec.width}, "
                 f"{spec.num_heads} heads, {spec.num_blocks} blocks, feed-forward "
                 f"{spec.feed_forward_dim}, longest sequence "
-                f"{spec.max_sequence_length or 'unbounded'}",
+                f"{arguments.max_length or spec.max_sequence_length or 'unbounded'}",
             )
         )
     return result
@@ -215,14 +217,17 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
     ) as folder:
         folder.mkdir()
         clock = time.perf_counter()
-        export.save_saved_model(model, folder / "saved_model")
+        bound = {"max_sequence_length": job.longest}
+        export.save_saved_model(model, folder / "saved_model", **bound)
         log(f"SavedModel written ({time.perf_counter() - clock:.1f} s)")
 
         clock = time.perf_counter()
-        export.save_onnx(model, folder / "model.onnx", arguments.opset, rotary=arguments.rotary)
+        export.save_onnx(
+            model, folder / "model.onnx", arguments.opset, rotary=arguments.rotary, **bound
+        )
         constants = export.onnx_constant_bytes(folder / "model.onnx")
         parameters = export.parameter_bytes(model)
-        tables = export.position_table_bytes(model)
+        tables = export.position_table_bytes(model, job.longest)
         log(
             f"ONNX opset {arguments.opset} written ({time.perf_counter() - clock:.1f} s): "
             f"constants {constants:,} B = parameters {parameters:,} B + position tables "
@@ -232,7 +237,7 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
         clock = time.perf_counter()
         litert_error = None
         try:
-            export.save_litert(model, folder / "model.tflite")
+            export.save_litert(model, folder / "model.tflite", **bound)
             log(
                 f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
                 f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"

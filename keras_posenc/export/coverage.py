@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.signature import _all_layers, input_signature
+from keras_posenc.export.signature import _all_layers, export_bound, input_signature
 from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
 
 BATCH_SIZES = (1, 2, 3, 8)
@@ -70,9 +70,10 @@ def longest_sequence(model: keras.Model) -> int | None:
     return min(lengths) if lengths else None
 
 
-def position_limit(model: keras.Model) -> int:
-    """Positions the model accepts are below this: its smallest learned table, or MAX_POSITIONS."""
-    return longest_sequence(model) or MAX_POSITIONS
+def position_limit(model: keras.Model, max_sequence_length: int | None = None) -> int:
+    """Positions the model accepts are below this: `max_sequence_length` (the bound its
+    files were exported for), else its smallest learned table, else MAX_POSITIONS."""
+    return export_bound(model, max_sequence_length) or MAX_POSITIONS
 
 
 def position_inputs(model: keras.Model) -> dict[str, str]:
@@ -201,19 +202,20 @@ def verification_cases(
     size with every length up to `longest` (default: the model's own limit), and that
     longest (for an unbounded model with no position input: `REACHING_LENGTHS`, at the
     smallest batch size only). A model
-    with a `start_index` input runs each shape from every start of `start_indices`.
+    with a `start_index` input runs each shape from every start of `start_indices`; starts
+    and positions stay below `position_limit(model, longest)`.
     """
     batch_sizes = checked_sizes(batch_sizes, "batch_sizes")
     sequence_lengths = checked_sizes(sequence_lengths, "sequence_lengths")
     specs = [spec for spec in input_signature(model) if spec.shape.rank > 0]
     kinds = position_inputs(model)
-    limit = position_limit(model)
     table = longest_sequence(model)
     if longest is not None and table is not None and longest > table:
         raise ValueError(
             f"max_sequence_length {longest} is longer than the model allows: its learned "
             f"position table has {table} rows. Verify up to {table}."
         )
+    limit = position_limit(model, longest)
     longest = longest or table
     fixed_batch = _fixed_axis(specs, 0)
     batches = [fixed_batch] if fixed_batch else list(dict.fromkeys(batch_sizes))
@@ -283,14 +285,13 @@ def default_inputs(
 
     Float inputs are standard normal; a start index is `start_index` (default: 0);
     positions inputs hold `probe_positions` from `probe_offset` on, spread over the batch
-    rows and steps (as many as fit), the rest random below the model's limit; with a
-    trailing axis of coordinates every axis holds them, axis `a` from `a` probes later
-    (`(sequence, axes)` positions, see `position_axes`, are one grid for all rows); other
-    integer inputs are token ids below the smallest `Embedding` vocabulary in the model
-    (0 or 1 without one). Axes the model
-    fixes keep their sizes. `longest` is not used (kept for callers of earlier versions).
+    rows and steps (as many as fit), the rest random below the model's limit
+    (`position_limit(model, longest)`); with a trailing axis of coordinates every axis
+    holds them, axis `a` from `a` probes later (`(sequence, axes)` positions, see
+    `position_axes`, are one grid for all rows); other integer inputs are token ids below
+    the smallest `Embedding` vocabulary in the model (0 or 1 without one). Axes the model
+    fixes keep their sizes.
     """
-    del longest
     rng = np.random.default_rng([seed, batch, sequence, start_index or 0])
     vocabularies = [
         layer.input_dim for layer in _all_layers(model) if isinstance(layer, keras.layers.Embedding)
@@ -298,7 +299,7 @@ def default_inputs(
     high = min(vocabularies) if vocabularies else 2
     kinds = position_inputs(model)
     axes = position_axes(model)
-    limit = position_limit(model)
+    limit = position_limit(model, longest)
     feeds = {}
     for spec in input_signature(model):
         wanted = [batch, sequence, *spec.shape[2:]]

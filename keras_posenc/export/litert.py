@@ -29,12 +29,23 @@ from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
-from keras_posenc.export.signature import input_signature, layers_in_scopes, serving_function
+from keras_posenc.export.signature import (
+    bounded_tracing,
+    input_signature,
+    layers_in_scopes,
+    serving_function,
+)
 
 SIGNATURE_KEY = "serving_default"
 
 
-def save_litert(model: keras.Model, path: str | os.PathLike, *, bfloat16: str = "float32") -> Path:
+def save_litert(
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    bfloat16: str = "float32",
+    max_sequence_length: int | None = None,
+) -> Path:
     """Writes `model` as a LiteRT (`.tflite`) file with built-in ops only.
 
     Example:
@@ -50,6 +61,10 @@ def save_litert(model: keras.Model, path: str | os.PathLike, *, bfloat16: str = 
         path: the `.tflite` file to write; its folder must exist.
         bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
             (with a warning), `"error"` refuses.
+        max_sequence_length: the largest position + 1 the file serves (with a
+            `start_index` input: start plus length stay within it). Its position tables
+            then hold only the rows below it, and rows past it are NaN. Default: the
+            smallest learned position table of the model, else no bound.
 
     Returns:
         The path written.
@@ -64,13 +79,16 @@ def save_litert(model: keras.Model, path: str | os.PathLike, *, bfloat16: str = 
             errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .tflite file", str(path)
         )
     with whole_or_nothing(path, kind="file") as written:
-        written.write_bytes(litert_flatbuffer(model))
+        written.write_bytes(litert_flatbuffer(model, max_sequence_length))
     return Path(path)
 
 
-def litert_flatbuffer(model: keras.Model) -> bytes:
+def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None) -> bytes:
     """The `.tflite` bytes of `model` (what `save_litert` writes), built-in ops only."""
-    with _tf.tracing_for_a_converter():  # the converter drops assertions: NaN rows instead
+    with (
+        _tf.tracing_for_a_converter(),  # the converter drops assertions: NaN rows instead
+        bounded_tracing(model, max_sequence_length),
+    ):
         concrete = serving_function(model).get_concrete_function()
     # The converter freezes variables itself, but not when the graph holds a custom
     # gradient (Keras's silu has one): then every weight stays a resource variable, which

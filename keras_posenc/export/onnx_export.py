@@ -18,7 +18,12 @@ from keras_posenc.export import onnx_passes
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
-from keras_posenc.export.signature import input_signature, layers_in_scopes, serving_function
+from keras_posenc.export.signature import (
+    bounded_tracing,
+    input_signature,
+    layers_in_scopes,
+    serving_function,
+)
 
 DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
@@ -44,6 +49,7 @@ def save_onnx(
     rotary: str = "fused",
     bfloat16: str = "float32",
     passes: Sequence[Callable] | None = None,
+    max_sequence_length: int | None = None,
 ) -> Path:
     """Writes `model` as an ONNX file, converted by tf2onnx from its serving function.
 
@@ -72,6 +78,10 @@ def save_onnx(
             (with a warning), `"error"` refuses.
         passes: graph rewrites applied to the converted graph before it is checked
             (default `GRAPH_PASSES`); see `onnx_model`.
+        max_sequence_length: the largest position + 1 the file serves (with a
+            `start_index` input: start plus length stay within it). Its position tables
+            then hold only the rows below it, and rows past it are NaN. Default: the
+            smallest learned position table of the model, else no bound.
 
     Returns:
         The path written.
@@ -94,7 +104,10 @@ def save_onnx(
             errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .onnx file", str(path)
         )
     with whole_or_nothing(path, kind="file") as written:
-        onnx.save(onnx_model(model, opset, rotary=rotary, passes=passes), str(written))
+        proto = onnx_model(
+            model, opset, rotary=rotary, passes=passes, max_sequence_length=max_sequence_length
+        )
+        onnx.save(proto, str(written))
     return Path(path)
 
 
@@ -104,6 +117,7 @@ def onnx_model(
     *,
     rotary: str | None = "fused",
     passes: Sequence[Callable] | None = None,
+    max_sequence_length: int | None = None,
 ):
     """The checked `onnx.ModelProto` of `model` (what `save_onnx` writes).
 
@@ -116,6 +130,7 @@ def onnx_model(
             check, each changing the proto in place or returning a new one (default
             `GRAPH_PASSES`, the package's own rewrites). Whatever they make must still
             pass the checks below and `verify_export`.
+        max_sequence_length: the bound of the positions served (see `save_onnx`).
     """
     import onnx
     import tf2onnx
@@ -133,6 +148,7 @@ def onnx_model(
                 _environment(TF2ONNX_CATCH_ERRORS=catch_errors),
                 _quiet("tf2onnx"),
                 _tf.tracing_for_a_converter(),
+                bounded_tracing(model, max_sequence_length),
             ):
                 proto, _ = tf2onnx.convert.from_function(
                     function, input_signature=specs, opset=min(opset, TF2ONNX_MAX_OPSET)

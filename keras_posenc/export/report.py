@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -22,12 +24,18 @@ def parameter_bytes(model: keras.Model) -> int:
     )
 
 
-def position_table_bytes(model: keras.Model) -> int:
+def position_table_bytes(model: keras.Model, max_sequence_length: int | None = None) -> int:
     """Bytes of the host position tables the model's layers turn into graph constants.
 
     Each distinct table counts once: its cached rows and the two-table split that serves
-    positions past the cache (see `keras_posenc.frequencies`).
+    positions past the cache (see `keras_posenc.frequencies`). With a bound (an export's
+    `max_sequence_length`, else the smallest learned table) only the rows below it: no
+    split tables when it is within the cache, else only the coarse rows below it.
     """
+    from keras_posenc.export.signature import export_bound
+    from keras_posenc.frequencies import CACHED_POSITIONS
+
+    bound = export_bound(model, max_sequence_length)
     tables = {}
     for layer in _all_layers(model):
         table = getattr(layer, "_table", None)
@@ -35,8 +43,55 @@ def position_table_bytes(model: keras.Model) -> int:
             tables[id(table)] = table
     total = 0
     for table in tables.values():
-        total += sum(array.nbytes for array in table.cached)
-        total += sum(t.array.nbytes for t in table.frequencies._split_tables)
+        cached = table.cached
+        if bound is not None and bound <= CACHED_POSITIONS:
+            total += sum(array[:bound].nbytes for array in cached)
+            continue
+        total += sum(array.nbytes for array in cached)
+        fine_sin, fine_cos, coarse_sin, coarse_cos = table.frequencies._split_tables
+        coarse_rows = None if bound is None else -(-bound // CACHED_POSITIONS)
+        total += fine_sin.array.nbytes + fine_cos.array.nbytes
+        total += sum(t.array[:coarse_rows].nbytes for t in (coarse_sin, coarse_cos))
+    return total
+
+
+def saved_model_constant_bytes(path: str | os.PathLike) -> int:
+    """Bytes of the data a SavedModel stores: its variables and every constant of its graphs.
+
+    A constant used by several functions is counted once per copy in the file, so this is
+    what the SavedModel holds, not what the model needs.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(path)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((path / "saved_model.pb").read_bytes())
+    total = sum(p.stat().st_size for p in (path / "variables").glob("variables.data-*"))
+    for graph in proto.meta_graphs:
+        functions = [graph.graph_def.node, *(f.node_def for f in graph.graph_def.library.function)]
+        for nodes in functions:
+            for node in nodes:
+                if node.op == "Const":
+                    total += tf.make_ndarray(node.attr["value"].tensor).nbytes
+    return total
+
+
+def litert_constant_bytes(path_or_content: str | os.PathLike | bytes) -> int:
+    """Bytes of the data buffers of a `.tflite` file (its weights and constants)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    content = (
+        path_or_content
+        if isinstance(path_or_content, bytes)
+        else Path(path_or_content).read_bytes()
+    )
+    model = schema.Model.GetRootAsModel(content, 0)
+    total = 0
+    for index in range(model.BuffersLength()):
+        buffer = model.Buffers(index)
+        # Files over 2 GiB keep their buffers after the flatbuffer (offset and size).
+        total += buffer.DataLength() or buffer.Size()
     return total
 
 

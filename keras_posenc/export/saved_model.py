@@ -6,20 +6,27 @@ import os
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 
+from keras_posenc import _tf
 from keras_posenc.export.files import is_saved_model, whole_or_nothing
 from keras_posenc.export.precision import exportable_model
-from keras_posenc.export.signature import input_signature, serving_function
+from keras_posenc.export.signature import bounded_tracing, input_signature, serving_function
 
 
 def save_saved_model(
-    model: keras.Model, path: str | os.PathLike, *, bfloat16: str = "float32"
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    bfloat16: str = "float32",
+    max_sequence_length: int | None = None,
 ) -> Path:
     """Writes `model` as a SavedModel with a `serving_default` signature.
 
     The signature takes the model's inputs by name, with dynamic batch and sequence axes,
     and returns a dict of the model's named outputs. The SavedModel loads with
-    `tf.saved_model.load` alone: no Keras and no `keras_posenc` needed.
+    `tf.saved_model.load` alone: no Keras and no `keras_posenc` needed. Each weight and
+    each position table is stored once.
 
     Example:
 
@@ -37,15 +44,34 @@ def save_saved_model(
         bfloat16: what to do with a bfloat16 model: `"float32"` exports a float32 copy
             (with a warning), `"error"` refuses. TensorFlow could serve bfloat16, but the
             SavedModel holds the same model as the ONNX file so that both can be checked.
+        max_sequence_length: the largest position + 1 the SavedModel serves (with a
+            `start_index` input: start plus length stay within it). Its position tables
+            then hold only the rows below it, and a call past it raises. Default: the
+            smallest learned position table of the model, else no bound.
 
     Returns:
         The path written.
     """
     model, _ = exportable_model(model, bfloat16)
     specs = input_signature(model)
-    with whole_or_nothing(path, replace_if=is_saved_model, kind="folder") as written:
+    with (
+        whole_or_nothing(path, replace_if=is_saved_model, kind="folder") as written,
+        bounded_tracing(model, max_sequence_length),
+        _tf.tables_stored_once(),
+    ):
         archive = keras.export.ExportArchive()
-        archive.track(model)
+        # Tracked for its resources (lookup tables) only: tracking the model itself lists
+        # its Keras variables, and the checkpoint then saves every weight twice (once
+        # per Keras variable, once per TensorFlow variable the function reads, which
+        # `write_out` adds). The function's variables are saved whatever is tracked.
+        archive.track(_Resources(model))
         archive.add_endpoint("serving_default", serving_function(model).python_function, specs)
         archive.write_out(str(written), verbose=False)
     return Path(path)
+
+
+class _Resources(tf.__internal__.tracking.AutoTrackable):
+    """Holds the model, so that `ExportArchive` finds its resources but lists no weight."""
+
+    def __init__(self, model: keras.Model):
+        self.model = model

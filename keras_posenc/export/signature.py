@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
 
 
@@ -120,3 +123,55 @@ def layers_in_scopes(model: keras.Model, scopes) -> list[str]:
         if path and path not in found:
             found.append(path)
     return found
+
+
+def export_bound(model: keras.Model, max_sequence_length: int | None = None) -> int | None:
+    """The largest position + 1 an export of `model` serves, or None for no bound.
+
+    `max_sequence_length` when given, else the smallest learned position table (the
+    model allows no position past it). With a `start_index` input, `start_index` plus
+    the sequence length must stay within it.
+
+    Raises:
+        ValueError: `max_sequence_length` is not a positive integer, or longer than a
+            learned table of the model (its rows past the table do not exist) or than
+            the positions the tables serve exactly (2^24).
+    """
+    from keras_posenc.frequencies import MAX_POSITIONS
+    from keras_posenc.learned import LearnedPositionalEmbedding
+
+    tables = [
+        layer.max_length
+        for layer in _all_layers(model)
+        if isinstance(layer, LearnedPositionalEmbedding)
+    ]
+    table = min(tables) if tables else None
+    if max_sequence_length is None:
+        return table
+    if (
+        isinstance(max_sequence_length, bool)
+        or not isinstance(max_sequence_length, (int, np.integer))
+        or max_sequence_length < 1
+    ):
+        raise ValueError(
+            f"max_sequence_length must be a positive integer or None, got {max_sequence_length!r}."
+        )
+    if table is not None and max_sequence_length > table:
+        raise ValueError(
+            f"max_sequence_length {max_sequence_length} is longer than the model allows: its "
+            f"learned position table has {table} rows. Use at most {table}."
+        )
+    if max_sequence_length > MAX_POSITIONS:
+        raise ValueError(
+            f"max_sequence_length {max_sequence_length} is past {MAX_POSITIONS}, the "
+            "positions the tables serve exactly. Use at most that, or None."
+        )
+    return int(max_sequence_length)
+
+
+@contextlib.contextmanager
+def bounded_tracing(model: keras.Model, max_sequence_length: int | None) -> Iterator[None]:
+    """While an export of `model` is traced: its position tables hold the rows below
+    `export_bound(model, max_sequence_length)` only, and positions past it are bad."""
+    with _tf.positions_bounded(export_bound(model, max_sequence_length)):
+        yield

@@ -44,8 +44,10 @@ from keras_posenc.export.report import (
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
     compare_outputs,
+    litert_constant_bytes,
     parameter_bytes,
     position_table_bytes,
+    saved_model_constant_bytes,
     summarize,
 )
 from keras_posenc.export.signature import input_signature, serving_function
@@ -195,7 +197,9 @@ def verify_export(
         batch_sizes: batch sizes to check (positive integers).
         sequence_lengths: sequence lengths to check (positive integers; those past the
             longest are left out).
-        max_sequence_length: the longest sequence the model allows, checked as well.
+        max_sequence_length: the largest position + 1 the files serve, as given to the
+            export functions: lengths, starts and positions up to it are checked, none
+            past it (default: the smallest learned table, else no bound).
         make_inputs: `make_inputs(batch, sequence)` returns `{input name: array}`;
             default `coverage.default_inputs` (with the starts described above).
         repeats: timed calls per runtime and case.
@@ -254,6 +258,7 @@ def verify_export(
                 exported,
                 case["batch"],
                 case["sequence"],
+                longest,
                 start_index=case.get("start_index"),
                 probe_offset=case.get("probe_offset", 0),
             )
@@ -326,14 +331,14 @@ def verify_export(
         "tolerance_used": "max |runtime - reference| / (atol + rtol |reference|); pass <= 1",
         "longest_sequence": longest,
         "positions": {
-            "limit": position_limit(exported),
+            "limit": position_limit(exported, longest),
             "inputs": kinds,
             "covered": as_ranges(np.concatenate(covered)),
         },
         "repeats": repeats,
         "seconds": round(time.perf_counter() - started, 2),
         "notes": notes,
-        "sizes": _sizes(exported, paths),
+        "sizes": _sizes(exported, paths, longest),
         "summary": summarize(cases, runtimes.names, compared),
         "cases": cases,
     }
@@ -362,20 +367,22 @@ def _case_name(case: dict) -> str:
     return f"batch {case['batch']} x sequence {case['sequence']}{where}"
 
 
-def _sizes(model: keras.Model, paths: dict[str, Path]) -> dict[str, int]:
+def _sizes(model: keras.Model, paths: dict[str, Path], longest: int | None) -> dict[str, int]:
     sizes = {
         "parameter_bytes": parameter_bytes(model),
-        "position_table_bytes": position_table_bytes(model),
+        "position_table_bytes": position_table_bytes(model, longest),
     }
     if "saved_model" in paths:
         sizes["saved_model_bytes"] = sum(
             p.stat().st_size for p in paths["saved_model"].rglob("*") if p.is_file()
         )
+        sizes["saved_model_constant_bytes"] = saved_model_constant_bytes(paths["saved_model"])
     if "onnxruntime" in paths:
         sizes["onnx_constant_bytes"] = onnx_constant_bytes(paths["onnxruntime"])
         sizes["onnx_bytes"] = paths["onnxruntime"].stat().st_size
     if "litert" in paths:
         sizes["litert_bytes"] = paths["litert"].stat().st_size
+        sizes["litert_constant_bytes"] = litert_constant_bytes(paths["litert"])
     return sizes
 
 
