@@ -2,10 +2,11 @@
 
 onnxruntime merges identical nodes itself, but not nodes that hold subgraphs (an `If`), and
 it cannot tell that `Shape(q)` and `Shape(k)` are equal when `q` and `k` are different
-tensors. Both stop it from sharing what the rotations of one attention layer compute: the
-rows of the queries and of the keys come from the same start and the same length, through
-an `If` (cached rows or split-table rows), but the length is read from the shape of each
-projection. Here:
+tensors. Both stop it from sharing what two rotations compute from the same start and the
+same length: the rows, through an `If` (cached rows or split-table rows), the length read
+from the shape of each projection. (`RotaryMultiHeadAttention` rotates the queries and
+keys of a self-attention with one row lookup itself; the caches each fused rotation slices
+from the rows are still two.) Here:
 
 - two nodes of the same op, attributes and inputs are one node; a subgraph attribute is
   compared by its computation (its own tensor names do not matter, the outer names it

@@ -104,6 +104,7 @@ def _hoist(proto, graph: onnx.GraphProto, producer: onnx.NodeProto, wheres, info
         # The fast branch: a copy of the taken one, its own names made unique.
         fast = copy.deepcopy(branches["then_branch"])
         _rename_locals(fast, emit)
+        _drop_clamps(fast, _facts(graph, [producer.input[0], valid]))
     else:  # the lookup alone, where the run is valid
         condition = valid
         lookup = copy.deepcopy(producer)
@@ -144,6 +145,46 @@ def _hoist(proto, graph: onnx.GraphProto, producer: onnx.NodeProto, wheres, info
 def _value(name: str, info: dict, like: str) -> onnx.ValueInfoProto:
     """A subgraph output `name` of the element type of `like` (the shape left to inference)."""
     return helper.make_tensor_value_info(name, elem_type(info, like), None)
+
+
+def _facts(graph: onnx.GraphProto, conditions: list[str]) -> set[tuple[str, str]]:
+    """`(a, b)` for each `a <= b` that holds where every one of `conditions` does."""
+    producers = {o: node for node in graph.node for o in node.output}
+    facts, pending = set(), list(conditions)
+    while pending:
+        node = producers.get(pending.pop())
+        if node is None or node.domain:
+            continue
+        if node.op_type == "And":
+            pending += list(node.input)
+        elif node.op_type == "LessOrEqual":
+            facts.add((node.input[0], node.input[1]))
+        elif node.op_type == "GreaterOrEqual":
+            facts.add((node.input[1], node.input[0]))
+    return facts
+
+
+def _drop_clamps(branch: onnx.GraphProto, facts: set[tuple[str, str]]) -> None:
+    """Removes each `Min(a, b)` with `a <= b` and `Max(a, b)` with `b <= a` known: it is `a`.
+
+    The cached rows' start is clamped so that the slice stays valid when the branch is not
+    the one taken; where it is taken (the run fits and is valid) the clamp changes nothing.
+    """
+    for node in list(branch.node):
+        if node.op_type not in ("Min", "Max") or node.domain or len(node.input) != 2:
+            continue
+        a, b = node.input
+        if (a, b) not in facts if node.op_type == "Min" else (b, a) not in facts:
+            continue
+        returned = [o for o in branch.output if o.name == node.output[0]]
+        if returned:
+            continue
+        for other in branch.node:
+            other.input[:] = [a if n == node.output[0] else n for n in other.input]
+        branch.node.remove(node)
+        # The result is `a` itself: a later clamp of it may go too.
+        facts |= {(a, y) for x, y in list(facts) if x == node.output[0]}
+        facts |= {(x, a) for x, y in list(facts) if y == node.output[0]}
 
 
 def _rename_locals(graph: onnx.GraphProto, emit: Emitter) -> None:

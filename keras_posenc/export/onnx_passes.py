@@ -384,6 +384,8 @@ def streamline(proto: onnx.ModelProto) -> None:
     one attention layer compute twice (the same rows for the queries and the keys) is
     computed once.
     """
+    # Merged first, so that a guard's conditions and its fast branch name the same tensors.
+    merge_common_subexpressions(proto)
     hoist_guards(proto)
     merge_common_subexpressions(proto)
 
