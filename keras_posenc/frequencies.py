@@ -235,7 +235,7 @@ class PositionTable:
         )
         valid = True if not checks else largest < bound  # no checks: they ran now
         # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
-        positions = tf.minimum(after(checks, positions), bound - 1)
+        positions = tf.clip_by_value(after(checks, positions), 0, bound - 1)
         if bound <= CACHED_POSITIONS:
             rows = tuple(tf.gather(t.tensor(), positions) for t in self._cached_below(bound))
         else:
@@ -256,11 +256,7 @@ class PositionTable:
         if bound is not None:
             start, length, combine = self._within(bound, start, length, combine)
             if bound <= CACHED_POSITIONS:
-                if not isinstance(start, (int, np.integer)):
-                    # Clamped so that the slice stays valid: the rows are poisoned instead.
-                    start = tf.clip_by_value(start, 0, tf.maximum(bound - length, 0))
-                cached = self._cached_below(bound)
-                return combine(*(t.rows(start, length) for t in cached))
+                return _tf.rows_of_run(self._cached_below(bound), start, length, combine)
         static = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
         if static:
             fits = start + length <= CACHED_POSITIONS
@@ -272,9 +268,11 @@ class PositionTable:
             return combine(
                 *(self._cached_rows(start, length) if fits else self._computed(start, length))
             )
-        # `start <= limit - length`, not `start + length <= limit`: the sum could wrap.
+        # `start <= limit - length`, not `start + length <= limit`: the sum could wrap. A
+        # negative start takes the computed rows, which its caller poisons: a run longer
+        # than the cache has no valid slice of it.
         return _tf.choose_at_run_time(
-            start <= CACHED_POSITIONS - length,
+            (start >= 0) & (start <= CACHED_POSITIONS - length),
             # Clamped so that the untaken branch stays a valid slice.
             lambda: self._cached_rows(
                 tf.clip_by_value(start, 0, CACHED_POSITIONS - length), length

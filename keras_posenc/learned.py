@@ -20,12 +20,7 @@ class _VariableRows:
         self.table = table
 
     def slice(self, start, length, combine=as_rows):
-        table = tf.convert_to_tensor(self.table)
-        if not isinstance(start, (int, np.integer)):
-            # Clamped into the table: converters drop the range assertion, and a Slice past
-            # the end would return other rows (or fewer); the caller poisons them instead.
-            start = tf.clip_by_value(start, 0, tf.maximum(table.shape[0] - length, 0))
-        return combine(_tf.slice_rows(table, start, length))
+        return _tf.rows_of_run([tf.convert_to_tensor(self.table)], start, length, combine)
 
     def gather(self, positions):
         return (tf.gather(self.table, positions),)

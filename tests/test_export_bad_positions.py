@@ -112,3 +112,28 @@ def test_bad_positions_give_nan_rows_or_an_error_naming_the_input(artifacts, run
                 assert np.isnan(rows).all(), f"{runtime}: finite {kind}_{source} rows at {bad}"
                 checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("runtime", ["saved_model", "onnxruntime", "litert"])
+def test_a_negative_start_of_a_run_longer_than_the_cache_gives_nan(artifacts, runtime):
+    # start <= 4096 - length holds for such a start: it must not take the cached rows, and
+    # no table's slice may stop at its end (the learned one, a bounded one: the runtime
+    # then fails on a shape instead).
+    steps, start = 4100, -10
+    rng = np.random.default_rng(1)
+    feeds = {
+        "x": rng.standard_normal((1, steps, 4)).astype(np.float32),
+        "heads": rng.standard_normal((1, steps, 1, 4)).astype(np.float32),
+        "start_index": np.array(start, np.int32),
+        "positions": np.arange(steps, dtype=np.int32)[None],
+    }
+    run = _runners(artifacts)[runtime]
+    try:
+        outputs = run(feeds)
+    except Exception as error:  # allowed: an error that names the input
+        assert "start_index" in str(error), f"{runtime} raised without naming it: {error}"
+        return
+    for kind in LIMITS:
+        rows = np.asarray(outputs[f"{kind}_start"])
+        assert rows.shape[1] == steps
+        assert np.isnan(rows[:, : -start]).all(), kind
