@@ -92,11 +92,22 @@ class HostConstant:
 # --------------------------------------------------------------------------------------
 # Host tables in exported files
 
-_export = threading.local()
+# What the graph being traced is for (an export, a converter): per thread, so that
+# concurrent traces keep their own.
+_tracing = threading.local()
 
 
 @contextlib.contextmanager
-def tables_stored_once() -> Iterator[None]:
+def _while_tracing(name: str, value) -> Iterator[None]:
+    previous = getattr(_tracing, name, None)
+    setattr(_tracing, name, value)
+    try:
+        yield
+    finally:
+        setattr(_tracing, name, previous)
+
+
+def tables_stored_once() -> contextlib.AbstractContextManager[None]:
     """While a SavedModel is traced: every use of a host table refers to one stored copy.
 
     A constant made while tracing is a node of the function that uses it, and every use
@@ -108,12 +119,7 @@ def tables_stored_once() -> Iterator[None]:
     every tool that lists them. Only for SavedModels: a captured tensor is an unfeedable
     ONNX input, and `save_onnx` (`dedupe_constants`) and the LiteRT converter merge copies.
     """
-    previous = getattr(_export, "stored", None)
-    _export.stored = {}
-    try:
-        yield
-    finally:
-        _export.stored = previous
+    return _while_tracing("stored", {})
 
 
 def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Tensor:
@@ -122,7 +128,7 @@ def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Te
     A node of its own, or inside `tables_stored_once` one eager tensor per `(owner, key)`
     that every trace captures.
     """
-    stored = getattr(_export, "stored", None)
+    stored = getattr(_tracing, "stored", None)
     if stored is None:
         return tf.constant(array())
     entry = stored.get((id(owner), key))
@@ -133,27 +139,21 @@ def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Te
     return entry[1]
 
 
-@contextlib.contextmanager
-def positions_bounded(bound: int | None) -> Iterator[None]:
+def positions_bounded(bound: int | None) -> contextlib.AbstractContextManager[None]:
     """While an export is traced for positions below `bound` only (None: no bound).
 
     Position tables read it (`position_bound`) to hold only the rows below it, and treat
     positions at or past it as bad: an assertion in a SavedModel, NaN rows in ONNX and
     LiteRT. Outside, nothing is bounded.
     """
-    previous = getattr(_export, "bound", None)
-    _export.bound = bound
-    try:
-        yield
-    finally:
-        _export.bound = previous
+    return _while_tracing("bound", bound)
 
 
 def position_bound() -> int | None:
     """The bound of the export being traced (`positions_bounded`), or None."""
     if tf.executing_eagerly():
         return None
-    return getattr(_export, "bound", None)
+    return getattr(_tracing, "bound", None)
 
 
 # --------------------------------------------------------------------------------------
@@ -275,22 +275,13 @@ def choose_at_run_time(
 # Bad positions in graphs that cannot raise
 
 
-_tracing = threading.local()
-
-
-@contextlib.contextmanager
-def tracing_for_a_converter() -> Iterator[None]:
+def tracing_for_a_converter() -> contextlib.AbstractContextManager[None]:
     """While a graph is traced for a converter that drops assertions (tf2onnx, TFLite).
 
     Graphs traced inside poison the rows of bad positions (`nan_unless`), as graphs
     compiled by XLA always do. Elsewhere TensorFlow runs the assertions, which raise.
     """
-    previous = getattr(_tracing, "for_converter", False)
-    _tracing.for_converter = True
-    try:
-        yield
-    finally:
-        _tracing.for_converter = previous
+    return _while_tracing("for_converter", True)
 
 
 def assertions_dropped() -> bool:

@@ -14,8 +14,8 @@ from pathlib import Path
 import keras
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
+import runtimes
 import tensorflow as tf
 from onnx import numpy_helper
 from tensorflow.core.protobuf import saved_model_pb2
@@ -295,18 +295,7 @@ def _feeds(start: int, positions, steps: int = 3) -> dict[str, np.ndarray]:
 
 
 def _runners(paths):
-    saved, onnx_path, litert_path = paths
-    serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    litert = kpe.litert.LiteRTRunner(litert_path)
-    return {
-        "saved_model": lambda feeds: {
-            k: v.numpy() for k, v in serve(**{n: tf.constant(a) for n, a in feeds.items()}).items()
-        },
-        "onnxruntime": lambda feeds: dict(zip(names, session.run(None, feeds), strict=True)),
-        "litert": litert,
-    }
+    return runtimes.runners(*paths)
 
 
 def test_a_bounded_export_matches_keras_up_to_the_bound(bounded):

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import onnxruntime
 import pytest
-import tensorflow as tf
+import runtimes
 
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc import export as kpe
@@ -51,17 +50,7 @@ def artifacts(tmp_path_factory):
 
 def _runners(artifacts):
     _, saved, onnx_path, litert_path = artifacts
-    serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    litert = kpe.litert.LiteRTRunner(litert_path)
-    return {
-        "saved_model": lambda feeds: {
-            k: v.numpy() for k, v in serve(**{n: tf.constant(a) for n, a in feeds.items()}).items()
-        },
-        "onnxruntime": lambda feeds: dict(zip(names, session.run(None, feeds), strict=True)),
-        "litert": litert,
-    }
+    return runtimes.runners(saved, onnx_path, litert_path)
 
 
 # (bad input, start_index, positions): each makes some positions bad for some layers.
@@ -136,4 +125,4 @@ def test_a_negative_start_of_a_run_longer_than_the_cache_gives_nan(artifacts, ru
     for kind in LIMITS:
         rows = np.asarray(outputs[f"{kind}_start"])
         assert rows.shape[1] == steps
-        assert np.isnan(rows[:, : -start]).all(), kind
+        assert np.isnan(rows[:, :-start]).all(), kind
