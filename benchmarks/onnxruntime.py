@@ -177,15 +177,7 @@ def standard_floor_graph(dim: int, halves: bool = False) -> onnx.ModelProto:
             helper.make_node("Mul", ["swapped", "Sb"], ["b"]),
             helper.make_node("Add", ["a", "b"], ["y"]),
         ]
-    initializers = [numpy_helper.from_array(v, k) for k, v in tables.items()] + [
-        numpy_helper.from_array(np.array([v], np.int64), k)
-        for k, v in (("zero", 0), ("one", 1), ("two", 2))
-    ]
-    inputs = [
-        helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
-        helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
-    ]
-    return _model(nodes, inputs, initializers)
+    return _x_and_start_model(nodes, tables)
 
 
 def constant_add_graph(rows: np.ndarray) -> onnx.ModelProto:
@@ -204,7 +196,13 @@ def sliced_add_graph(table: np.ndarray) -> onnx.ModelProto:
         helper.make_node("Slice", ["table", "start", "end", "zero"], ["rows"]),
         helper.make_node("Add", ["x", "rows"], ["y"]),
     ]
-    initializers = [numpy_helper.from_array(table, "table")] + [
+    return _x_and_start_model(nodes, {"table": table})
+
+
+def _x_and_start_model(nodes, tables: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A graph of inputs `x` and `start` (int64 `[1]`), with `tables` and the int64
+    constants `zero`, `one`, `two` the slices take."""
+    initializers = [numpy_helper.from_array(v, k) for k, v in tables.items()] + [
         numpy_helper.from_array(np.array([v], np.int64), k)
         for k, v in (("zero", 0), ("one", 1), ("two", 2))
     ]

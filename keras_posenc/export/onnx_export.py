@@ -7,7 +7,7 @@ import errno
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import keras
@@ -17,6 +17,7 @@ from keras_posenc import _tf
 from keras_posenc.export import onnx_passes
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
+from keras_posenc.export.onnx_graph import graphs
 from keras_posenc.export.precision import exportable_model
 from keras_posenc.export.signature import (
     bounded_tracing,
@@ -166,7 +167,7 @@ def onnx_model(
         proto = rewrite(proto) or proto
 
     unknown = {}
-    for graph in _graphs(proto.graph):
+    for graph in graphs(proto.graph):
         for node in graph.node:
             if not onnx.defs.has(node.op_type, node.domain):
                 unknown.setdefault(node.op_type, []).append(node.name)
@@ -238,20 +239,6 @@ def _name_dynamic_axes(proto) -> None:
                 dims[axis].dim_param = name
 
 
-def _graphs(graph) -> Iterable:
-    """`graph` and every subgraph in it (If branches, Loop bodies), outermost first."""
-    import onnx
-
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from _graphs(subgraph)
-
-
 def dedupe_constants(proto) -> None:
     """Removes the duplicated constants tf2onnx leaves, in place.
 
@@ -264,9 +251,9 @@ def dedupe_constants(proto) -> None:
     """
     from onnx import numpy_helper
 
-    graphs = list(_graphs(proto.graph))
-    initializers = {i.name: i for g in graphs for i in g.initializer}
-    for graph in graphs:
+    every_graph = list(graphs(proto.graph))
+    initializers = {i.name: i for g in every_graph for i in g.initializer}
+    for graph in every_graph:
         for node in list(graph.node):
             if node.op_type == "Shape" and node.input[0] in initializers:
                 dims = list(initializers[node.input[0]].dims)
@@ -279,7 +266,7 @@ def dedupe_constants(proto) -> None:
 
     canonical: dict[tuple, str] = {}
     renamed: dict[str, str] = {}
-    for graph in graphs:
+    for graph in every_graph:
         # A subgraph must produce its outputs itself: constants it returns stay where they are.
         returned = {o.name for o in graph.output}
         for initializer in list(graph.initializer):
@@ -295,13 +282,13 @@ def dedupe_constants(proto) -> None:
                 if graph is not proto.graph:
                     graph.initializer.remove(initializer)
                     proto.graph.initializer.append(initializer)
-    for graph in graphs:
+    for graph in every_graph:
         for node in graph.node:
             for index, name in enumerate(node.input):
                 node.input[index] = renamed.get(name, name)
 
-    read = {name for g in graphs for node in g.node for name in node.input}
-    for graph in graphs:
+    read = {name for g in every_graph for node in g.node for name in node.input}
+    for graph in every_graph:
         returned = {o.name for o in graph.output}
         for initializer in list(graph.initializer):
             if initializer.name not in read | returned:
@@ -319,7 +306,7 @@ def onnx_constant_bytes(proto_or_path) -> int:
         else onnx.load(str(proto_or_path))
     )
     total = 0
-    for graph in _graphs(proto.graph):
+    for graph in graphs(proto.graph):
         total += sum(numpy_helper.to_array(i).nbytes for i in graph.initializer)
         for node in graph.node:
             for attribute in node.attribute:
