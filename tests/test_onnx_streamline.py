@@ -88,18 +88,20 @@ def test_each_attention_layer_computes_its_rows_once(rotary):
     unshared = copy.deepcopy(converted)
     onnx_passes.rewrite_rotations(unshared, rotary)
     proto = onnx_passes.optimized(copy.deepcopy(converted), rotary=rotary)
-    # One choice of rows per block (the layer rotates queries and keys with one lookup;
-    # the pass would merge two equal ones).
-    assert _row_choices(proto) == 2
+    # The layer rotates queries and keys with one lookup: one choice of rows per block.
+    # A fused rotation keeps its input's shape, so the pass proves that both blocks see
+    # the input's length (onnx_shapes) and the two blocks' choices become one.
+    assert _row_choices(unshared) == 2
+    assert _row_choices(proto) == (1 if rotary == "fused" else 2)
     counts = onnx_passes.op_counts(proto)
     if rotary == "fused":
         kernels = [n for n in proto.graph.node if n.op_type == "RotaryEmbedding"]
         assert len(kernels) == 4
-        # Each rewritten rotation slices its own caches from the rows; merged, the queries
-        # and keys of a block read the same ones.
+        # Each rewritten rotation slices its own caches from the rows; merged, every
+        # rotation of the encoder reads the same ones.
         before = {tuple(n.input[2:]) for n in unshared.graph.node if n.op_type == "RotaryEmbedding"}
         assert len(before) == 4
-        assert len({tuple(k.input[2:]) for k in kernels}) == 2
+        assert len({tuple(k.input[2:]) for k in kernels}) == 1
     else:
         assert not {"ReverseSequence", "Transpose"} & {
             n.op_type

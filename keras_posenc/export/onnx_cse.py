@@ -29,6 +29,7 @@ import onnx
 from onnx import numpy_helper
 
 from keras_posenc.export.onnx_graph import remove_unused_nodes
+from keras_posenc.export.onnx_shapes import SymbolicShapes, constant_value
 
 __all__ = ["merge_common_subexpressions"]
 
@@ -72,6 +73,13 @@ class _Merger:
         self.producers: dict[str, tuple[onnx.NodeProto, int]] = {}
         self.constant_shapes: dict[str, tuple] = {}
         self.shape_ids: dict[str, int] = {}
+        self.initializers: dict[str, onnx.TensorProto] = {}
+        inputs = {i.name: i.type for i in proto.graph.input}
+        self.shapes = SymbolicShapes(
+            self.producers.get,
+            lambda tensor: constant_value(tensor, self.initializers, self.producers),
+            inputs.get,
+        )
         self.merged = 0
 
     def intern(self, key: tuple) -> int:
@@ -89,6 +97,7 @@ class _Merger:
         for initializer in list(graph.initializer):
             key = _tensor_key(initializer)
             self.constant_shapes[initializer.name] = tuple(initializer.dims)
+            self.initializers[initializer.name] = initializer
             if initializer.name in overridable | returned:
                 continue
             if key in self.values:
@@ -181,7 +190,10 @@ class _Merger:
         """Equal for tensors of provably equal shapes (at any input)."""
         if tensor in self.shape_ids:
             return self.shape_ids[tensor]
-        if tensor in self.constant_shapes:
+        dims = self.shapes.proven_dims(tensor)
+        if dims is not None:
+            key = ("dims", dims)
+        elif tensor in self.constant_shapes:
             key = ("constant", self.constant_shapes[tensor])
         elif tensor in self.producers:
             node, index = self.producers[tensor]
