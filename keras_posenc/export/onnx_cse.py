@@ -4,15 +4,16 @@ onnxruntime merges identical nodes itself, but not nodes that hold subgraphs (an
 it cannot tell that `Shape(q)` and `Shape(k)` are equal when `q` and `k` are different
 tensors. Both stop it from sharing what two rotations compute from the same start and the
 same length: the rows, through an `If` (cached rows or split-table rows), the length read
-from the shape of each projection. (`RotaryMultiHeadAttention` rotates the queries and
-keys of a self-attention with one row lookup itself; the caches each fused rotation slices
-from the rows are still two.) Here:
+from the shape of each projection, in one layer (the caches each fused rotation slices
+from the rows) and across the blocks of a model, which each read the length anew. Here:
 
 - two nodes of the same op, attributes and inputs are one node; a subgraph attribute is
   compared by its computation (its own tensor names do not matter, the outer names it
   reads do), so two `If` nodes on one condition with equal branches are one;
 - `Constant` nodes and initializers of equal type, shape and value are one tensor;
 - `Shape(a)` and `Shape(b)` are one node when `a` and `b` provably have the same shape:
+  every axis has the same symbolic size (`onnx_shapes`: the queries of every block of an
+  encoder are `(batch, length, heads, head_dim)` of the input's batch and length), or
   both are made by the same op with the same attributes from inputs of the same shapes
   (and the same values, for the inputs that set an output's shape: a `Reshape`'s target,
   a `Slice`'s bounds), e.g. two projections of one input by weights of one shape.

@@ -1,0 +1,175 @@
+"""Sizes as monomials, and the values of the small integer tensors that compute shapes.
+
+The arithmetic of `onnx_shapes`: a size is `c * a * b ...` (a coefficient and the sorted
+symbols it multiplies), and a small integer tensor (`Shape(x)`, a `Gather` of it, a
+`Concat` of such, their `ReduceProd`) is its shape and its elements, each a size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["ONE", "Size", "Value", "ValueRules", "constant_value", "product", "quotient"]
+
+Size = tuple[int, tuple]
+Value = tuple[tuple[int, ...], tuple[Size, ...]]  # a small integer tensor: shape, elements
+
+ONE: Size = (1, ())
+_INT_TYPES = {
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.UINT8,
+}
+_SMALL = 64  # integer constants up to this many elements are followed as values
+
+
+def constant_value(
+    tensor: str,
+    initializers: dict[str, onnx.TensorProto],
+    producers: dict[str, tuple[onnx.NodeProto, int]],
+) -> np.ndarray | None:
+    """The value of an initializer or of a `Constant` node's `value`, else None."""
+    if tensor in initializers:
+        return numpy_helper.to_array(initializers[tensor])
+    node = producers.get(tensor, (None,))[0]
+    if node is not None and node.op_type == "Constant" and not node.domain:
+        for attribute in node.attribute:
+            if attribute.name == "value":
+                return numpy_helper.to_array(attribute.t)
+    return None
+
+
+def product(sizes) -> Size:
+    coefficient, symbols = 1, ()
+    for c, s in sizes:
+        coefficient *= c
+        symbols += s
+    return coefficient, tuple(sorted(symbols))
+
+
+def quotient(numerator: Size, denominator: Size) -> Size | None:
+    """`numerator / denominator` as a monomial, or None when it is not one."""
+    (c, symbols), (d, divisors) = numerator, denominator
+    if d == 0 or c % d:
+        return None
+    left = list(symbols)
+    for symbol in divisors:
+        if symbol not in left:
+            return None
+        left.remove(symbol)
+    return c // d, tuple(left)
+
+
+class ValueRules:
+    """The values of small integer tensors: a mixin of `SymbolicShapes`, which gives the
+    `producer` and `constant` lookups, the `dims` of a tensor and the `_values` memo."""
+
+    def value(self, tensor: str) -> Value | None:
+        """`(shape, elements)` of a small integer tensor whose elements are sizes, or None."""
+        if tensor not in self._values:
+            self._values[tensor] = None
+            self._values[tensor] = self._find_value(tensor)
+        return self._values[tensor]
+
+    def _find_value(self, tensor: str) -> Value | None:
+        array = self.constant(tensor)
+        if array is not None:
+            if array.dtype.kind not in "iu" or array.size > _SMALL:
+                return None
+            return tuple(array.shape), tuple((int(v), ()) for v in array.reshape(-1))
+        made = self.producer(tensor)
+        if made is None:
+            return None
+        node, index = made
+        if node.domain not in ("", "ai.onnx") or index:
+            return None
+        op, inputs = node.op_type, list(node.input)
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if op == "Shape":
+            x = self.dims(inputs[0])
+            if x is None:
+                return None
+            start, end = attributes.get("start", 0), attributes.get("end", len(x))
+            picked = x[slice(start, end)]
+            return (len(picked),), tuple(picked)
+        if op in ("Identity", "Cast"):
+            if op == "Cast" and attributes["to"] not in _INT_TYPES:
+                return None
+            return self.value(inputs[0])
+        if op in ("Squeeze", "Unsqueeze", "Reshape", "Flatten"):
+            given = self.value(inputs[0])
+            shape = self.dims(node.output[0])
+            if given is None or shape is None or any(s[1] for s in shape):
+                return None
+            return tuple(s[0] for s in shape), given[1]
+        if op == "Gather":
+            return self._gather_value(inputs, attributes)
+        if op == "Slice":
+            return self._slice_value(inputs)
+        if op == "Concat":
+            parts = [self.value(i) for i in inputs]
+            if any(p is None or len(p[0]) != 1 for p in parts):
+                return None
+            elements = tuple(e for p in parts for e in p[1])
+            return (len(elements),), elements
+        if op == "ReduceProd":
+            given = self.value(inputs[0])
+            axes = attributes.get("axes")
+            if given is None or len(given[0]) != 1 or (len(inputs) > 1 and inputs[1]):
+                return None
+            if axes not in (None, [0], [-1]):
+                return None
+            keep = attributes.get("keepdims", 1)
+            return ((1,) if keep else ()), (product(given[1]),)
+        if op in ("Max", "Min", "Mul", "Add", "Sub"):
+            return self._arithmetic(op, [self.value(i) for i in inputs])
+        return None
+
+    def _gather_value(self, inputs, attributes):
+        data, indices = self.value(inputs[0]), self.constant(inputs[1])
+        if data is None or indices is None or len(data[0]) != 1 or attributes.get("axis", 0):
+            return None
+        count = data[0][0]
+        picked = [int(i) % count if -count <= int(i) < count else None for i in indices.ravel()]
+        if None in picked:
+            return None
+        return tuple(indices.shape), tuple(data[1][i] for i in picked)
+
+    def _slice_value(self, inputs):
+        data = self.value(inputs[0])
+        bounds = [self.constant(i) if i else None for i in (inputs[1:] + [""] * 4)[:4]]
+        if data is None or len(data[0]) != 1 or bounds[0] is None or bounds[1] is None:
+            return None
+        if bounds[2] is not None and [int(a) for a in bounds[2].ravel()] not in ([0], [-1]):
+            return None
+        step = 1 if bounds[3] is None else int(bounds[3].ravel()[0])
+        start, end = int(bounds[0].ravel()[0]), int(bounds[1].ravel()[0])
+        end = min(end, 2**62)
+        elements = data[1][slice(start, end, step)]
+        return (len(elements),), tuple(elements)
+
+    def _arithmetic(self, op: str, values):
+        if any(v is None for v in values) or len(values) != 2:
+            return None
+        (shape_a, a), (shape_b, b) = values
+        if shape_a != shape_b:
+            return None
+        out = []
+        for x, y in zip(a, b, strict=True):
+            if op in ("Max", "Min") and x == y:
+                out.append(x)
+            elif op == "Mul":
+                out.append(product([x, y]))
+            elif not x[1] and not y[1]:
+                numbers = {"Max": max, "Min": min, "Add": int.__add__, "Sub": int.__sub__}
+                out.append((numbers[op](x[0], y[0]), ()))
+            else:
+                return None
+        return shape_a, tuple(out)
