@@ -139,6 +139,28 @@ def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Te
     return entry[1]
 
 
+def shared_while_stored(owner, key: tuple, compute: Callable) -> Callable:
+    """`compute`, or inside `tables_stored_once` one `tf.function` of it per `(owner, key)`.
+
+    What every layer of a model computes alike (the rows of a run, from the length and
+    the start) is then one function of the SavedModel that each layer calls, not one copy
+    of its graph per layer. `compute` must depend on its arguments and `owner` alone.
+    """
+    stored = getattr(_tracing, "stored", None)
+    if stored is None:
+        return compute
+    entry = stored.get((id(owner), "function", key))
+    if entry is None:
+
+        def shared(*args):
+            return compute(*args)
+
+        shared.__name__ = "posenc_" + "_".join(str(part) for part in key)  # its name in the file
+        function = tf.function(shared, autograph=False)
+        entry = stored[(id(owner), "function", key)] = (owner, function)
+    return entry[1]
+
+
 def positions_bounded(bound: int | None) -> contextlib.AbstractContextManager[None]:
     """While an export is traced for positions below `bound` only (None: no bound).
 

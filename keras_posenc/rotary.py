@@ -43,6 +43,7 @@ LAYOUTS = ("half", "interleaved")
 # The name scope of the rotation's ops (what `keras_posenc.export.onnx_passes` looks for).
 ROTATION_SCOPE = "posenc_rotation_{layout}_r{rank}_s{sequence_axis}_f{feature_axis}_b{per_batch}"
 _EARLY_CHECK_DIM = 2**14
+_LIMIT_HINT = "the rotation is exact only below that."
 
 
 def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
@@ -280,19 +281,26 @@ class RotaryEmbedding(keras.layers.Layer):
         forms = [_tf.swap_form(x) for x in tensors]
 
         def rotate(cos_table, sin_table):
+            # Shaped to broadcast once per rank and dtype: once for queries and keys.
+            shaped = {}
+            for x in tensors:
+                key = (x.shape.rank, _tf.accumulation_dtype(x.dtype))
+                if key not in shaped:
+                    shaped[key] = self._broadcast_tables(cos_table, sin_table, *key)
             return tuple(
-                self._rotate(x, cos_table, sin_table, form)
+                self._rotate(x, shaped[(x.shape.rank, _tf.accumulation_dtype(x.dtype))], form)
                 for x, form in zip(tensors, forms, strict=True)
             )
 
+        length = static_dim(first, self._sequence_axis)
         rows = functools.partial(
             position_rows,
             self._table,
-            static_dim(first, self._sequence_axis),
+            length,
             positions,
             start_index,
             limit=MAX_POSITIONS,
-            limit_hint="the rotation is exact only below that.",
+            limit_hint=_LIMIT_HINT,
             mask=mask if self.positions_from_mask else None,
             batch=static_dim(first, 0),
             axes=self._axes,
@@ -303,18 +311,29 @@ class RotaryEmbedding(keras.layers.Layer):
                 f"sequence, {self._axes}), one coordinate per axis; for a patch grid use "
                 "positions=keras_posenc.grid_positions(height, width)."
             )
-        fuse = all(_tf.rows_fuse_into_rotation(form) for form in forms)
-        outputs = rows(combine=rotate) if fuse else rotate(*rows())
+        run_only = positions is None and (mask is None or not self.positions_from_mask)
+        if run_only and self._axes == 1 and not _tf.in_xla_context():
+            # The rows of a run depend on the table, the start and the length alone: one
+            # function of a SavedModel serves every layer (`_tf.shared_while_stored`).
+            # (Outside XLA the rotation follows the rows whatever `rows_fuse_into_rotation`.)
+            run = _tf.shared_while_stored(
+                self._table, ("rows_of_run",), functools.partial(_rows_of_run, self._table)
+            )
+            outputs = rotate(*run(length, start_index))
+        elif all(_tf.rows_fuse_into_rotation(form) for form in forms):
+            outputs = rows(combine=rotate)
+        else:
+            outputs = rotate(*rows())
         for x, output in zip(tensors, outputs, strict=True):
             output.set_shape(x.shape)
         return tuple(outputs)
 
-    def _rotate(self, inputs, cos_table, sin_table, form: str):
-        rank = inputs.shape.rank
+    def _broadcast_tables(self, cos_table, sin_table, rank: int, wide: tf.DType):
+        """`(cos, sin, per_batch)`: the tables in `wide`, shaped to broadcast at `rank`."""
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
         table_axes = [0, self._sequence_axis, self._feature_axis][-cos_table.shape.rank :]
-        per_batch = cos_table.shape.rank == 3  # for the ONNX marker below
+        per_batch = cos_table.shape.rank == 3  # for the ONNX marker of `_rotate`
         if table_axes != list(range(rank - len(table_axes), rank)):
             # Not the input's trailing axes (heads lie between sequence and features).
             broadcast_shape = [1] * rank
@@ -324,10 +343,12 @@ class RotaryEmbedding(keras.layers.Layer):
             cos_table = tf.reshape(cos_table, broadcast_shape)
             sin_table = tf.reshape(sin_table, broadcast_shape)
         # float16 / bfloat16 inputs rotate in float32: the result is rounded once.
-        wide = _tf.accumulation_dtype(inputs.dtype)
-        cos_table = tf.cast(cos_table, wide)
-        sin_table = tf.cast(sin_table, wide)
+        return tf.cast(cos_table, wide), tf.cast(sin_table, wide), per_batch
 
+    def _rotate(self, inputs, tables, form: str):
+        cos_table, sin_table, per_batch = tables
+        rank = inputs.shape.rank
+        wide = _tf.accumulation_dtype(inputs.dtype)
         # keras_posenc.export.onnx_passes finds the rotation by this name scope on its ONNX nodes.
         marker = ROTATION_SCOPE.format(
             layout=self.layout,
@@ -430,3 +451,17 @@ class RotaryEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _rows_of_run(table, length, start_index) -> tuple[tf.Tensor, ...]:
+    """The checked rows of positions `start_index .. start_index + length - 1`."""
+    return tuple(
+        position_rows(
+            table,
+            length,
+            None,
+            start_index,
+            limit=MAX_POSITIONS,
+            limit_hint=_LIMIT_HINT,
+        )
+    )

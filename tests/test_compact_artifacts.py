@@ -170,6 +170,27 @@ def test_every_file_of_the_stacked_model_stores_its_weights_and_the_table_once(s
         assert size <= RATIO * reference, f"{name}: {size:,} B against {reference:,} B"
 
 
+def test_the_stacked_saved_model_holds_one_row_lookup_that_every_layer_calls(stacked):
+    # The rows of a run depend on the table, the start and the length alone: one function
+    # (with its choice between cached and computed rows) that each layer calls.
+    model, (saved, _, _) = stacked
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((saved / "saved_model.pb").read_bytes())
+    library = proto.meta_graphs[0].graph_def.library.function
+    names = [f.signature.name for f in library]
+    lookups = [name for name in names if "posenc_rows_of_run" in name]
+    assert len(lookups) == 1, names
+    assert sum("cond_true" in name for name in names) == 1, names
+    calls = [
+        node
+        for function in library
+        for node in function.node_def
+        if node.op.endswith("PartitionedCall") and node.attr["f"].func.name == lookups[0]
+    ]
+    layers = sum(isinstance(layer, RotaryMultiHeadAttention) for layer in model.layers)
+    assert len(calls) == layers == 4
+
+
 def test_the_stacked_saved_model_still_loads_with_tensorflow_alone_and_matches_keras(stacked):
     model, (saved, _, _) = stacked
     states = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
