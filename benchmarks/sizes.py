@@ -75,6 +75,7 @@ def models() -> dict[str, tuple[keras.Model, keras.Model, int | None]]:
 
 
 def file_bytes(model: keras.Model, folder: Path, bound: int | None) -> dict[str, int]:
+    folder.mkdir()
     written = {
         "saved_model": kpe.save_saved_model(
             model, folder / "saved_model", max_sequence_length=bound
