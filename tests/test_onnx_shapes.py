@@ -161,3 +161,25 @@ def test_blocks_of_one_length_share_their_rows_and_a_cropped_block_keeps_its_own
             (unmerged,) = _run(before, {"x": x})
             np.testing.assert_array_equal(actual, unmerged)
             np.testing.assert_allclose(actual, np.asarray(model(x)), rtol=0, atol=1e-5)
+
+
+def test_a_chain_deeper_than_python_recursion_merges_its_shapes():
+    # Sizes are followed as the pass walks the graph, not by recursing from the last node.
+    depth = 3000
+    nodes = [
+        helper.make_node("Relu", ["x" if i == 0 else f"r{i - 1}"], [f"r{i}"]) for i in range(depth)
+    ]
+    nodes += [
+        helper.make_node("Shape", ["x"], ["shape_x"]),
+        helper.make_node("Shape", [f"r{depth - 1}"], ["shape_r"]),
+        helper.make_node("Concat", ["shape_x", "shape_r"], ["shapes"], axis=0),
+    ]
+    proto = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("shapes", TensorProto.INT64, [4])],
+    )
+    onnx_passes.merge_common_subexpressions(proto)
+    assert onnx_passes.op_counts(proto)["Shape"] == 1
+    (shapes,) = _run(proto, {"x": np.ones((3, 4), np.float32)})
+    assert shapes.tolist() == [3, 4, 3, 4]

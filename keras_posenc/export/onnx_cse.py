@@ -120,6 +120,9 @@ class _Merger:
                     scope.append(key)
                 for index, output in enumerate(node.output):
                     self.producers[output] = (node, index)
+                for output in filter(None, node.output):
+                    # Followed in graph order: a later Shape needs no deep recursion.
+                    self.shapes.dims(output)
                 continue
             for new, old in zip(node.output, self.seen[key].output, strict=True):
                 if new:
