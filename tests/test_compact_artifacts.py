@@ -170,6 +170,16 @@ def test_every_file_of_the_stacked_model_stores_its_weights_and_the_table_once(s
         assert size <= RATIO * reference, f"{name}: {size:,} B against {reference:,} B"
 
 
+def test_the_stacked_model_s_onnx_and_litert_files_are_within_the_ratio_whole(stacked):
+    # The whole file, graph included: ONNX shares one row lookup across the layers. (The
+    # SavedModel's graph is TensorFlow's and Keras's as much as ours: docs/export.md.)
+    model, (_, onnx_path, litert_path) = stacked
+    reference = parameter_bytes(model) + rotary_table_bytes(16)
+    for path in (onnx_path, litert_path):
+        size = path.stat().st_size
+        assert size <= RATIO * reference, f"{path.name}: {size:,} B against {reference:,} B"
+
+
 def test_the_stacked_saved_model_holds_one_row_lookup_that_every_layer_calls(stacked):
     # The rows of a run depend on the table, the start and the length alone: one function
     # (with its choice between cached and computed rows) that each layer calls.
