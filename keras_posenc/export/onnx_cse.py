@@ -29,7 +29,7 @@ import hashlib
 import onnx
 from onnx import numpy_helper
 
-from keras_posenc.export.onnx_graph import remove_unused_nodes
+from keras_posenc.export.onnx_graph import graphs, remove_unused_nodes
 from keras_posenc.export.onnx_shapes import SymbolicShapes, constant_value
 
 __all__ = ["merge_common_subexpressions"]
@@ -96,10 +96,12 @@ class _Merger:
         returned = {o.name for o in graph.output}
         overridable = {i.name for i in graph.input}
         for initializer in list(graph.initializer):
+            if initializer.name in overridable:
+                continue  # a default: the input can be fed another value and shape
             key = _tensor_key(initializer)
             self.constant_shapes[initializer.name] = tuple(initializer.dims)
             self.initializers[initializer.name] = initializer
-            if initializer.name in overridable | returned:
+            if initializer.name in returned:
                 continue
             if key in self.values:
                 self.renamed[initializer.name] = self.values[key]
@@ -208,9 +210,12 @@ class _Merger:
                 key = ("tensor", tensor)
             else:
                 inputs = tuple(
-                    ("value", name) if position in values else ("shape", self.shape_id(name))
+                    ("absent",)
+                    if not name
+                    else ("value", name)
+                    if position in values
+                    else ("shape", self.shape_id(name))
                     for position, name in enumerate(node.input)
-                    if name
                 )
                 attributes = tuple(sorted((a.name, self.attribute_key(a)) for a in node.attribute))
                 key = (node.op_type, index, inputs, attributes)
@@ -240,6 +245,20 @@ def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
     return []
 
 
+def _names_unique(graph: onnx.GraphProto) -> bool:
+    """Whether every tensor of `graph` and its subgraphs is made (or declared) once."""
+    seen: set[str] = set()
+    for inner in graphs(graph):
+        names = [i.name for i in inner.input] + [t.name for t in inner.initializer]
+        names = list(dict.fromkeys(names))  # an input with a default is one tensor
+        names += [o for node in inner.node for o in node.output if o]
+        for name in names:
+            if name in seen:
+                return False
+            seen.add(name)
+    return True
+
+
 def _tensor_key(tensor: onnx.TensorProto) -> tuple:
     value = numpy_helper.to_array(tensor)
     return (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
@@ -250,6 +269,10 @@ def merge_common_subexpressions(proto: onnx.ModelProto) -> int:
 
     Graph inputs and outputs keep their names; nodes nothing reads any more are removed.
     """
+    if not _names_unique(proto.graph):
+        # Names stand for tensors across subgraphs here (renames, shapes, outer reads):
+        # a name made twice (valid in sibling branches) could stand for the wrong one.
+        return 0
     merger = _Merger(proto)
     merger.graph(proto.graph)
     remove_unused_nodes(proto)

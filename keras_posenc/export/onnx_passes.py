@@ -38,6 +38,7 @@ from keras_posenc.export.onnx_graph import (
     tensor_info,
 )
 from keras_posenc.export.onnx_guards import hoist_guards
+from keras_posenc.export.onnx_shapes import literal_reshape_sizes
 
 __all__ = [
     "FORMS",
@@ -380,10 +381,12 @@ def replace_erfc(proto: onnx.ModelProto) -> int:
 def streamline(proto: onnx.ModelProto) -> None:
     """The passes that follow the rotations' rewrite, in place (see `onnx_guards`, `onnx_cse`).
 
-    A runtime choice of rows loses its `Where` on the fast path, and what the rotations of
-    one attention layer compute twice (the same rows for the queries and the keys) is
-    computed once.
+    Reshapes to computed shapes take their sizes as TensorFlow does (`literal_reshape_sizes`:
+    an empty axis stays empty, and the sizes can be followed), a runtime choice of rows
+    loses its `Where` on the fast path, and what is computed twice (the same rows for the
+    queries and the keys, and for every block that sees the input's length) is computed once.
     """
+    literal_reshape_sizes(proto)
     # Merged first, so that a guard's conditions and its fast branch name the same tensors.
     merge_common_subexpressions(proto)
     hoist_guards(proto)

@@ -29,9 +29,10 @@ from keras_posenc.export.onnx_sizes import (
     constant_value,
     product,
     quotient,
+    slice_indices,
 )
 
-__all__ = ["SymbolicShapes", "constant_value"]
+__all__ = ["SymbolicShapes", "constant_value", "literal_reshape_sizes"]
 
 _SAME_SHAPE = {
     *"Abs Neg Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Cast Identity Not Sin Cos".split(),
@@ -76,8 +77,9 @@ class SymbolicShapes(ValueRules):
     def of_graph(cls, graph: onnx.GraphProto) -> SymbolicShapes:
         """The sizes of the tensors of `graph` (a main graph: it reads no outer tensor)."""
         producers = {o: (n, i) for n in graph.node for i, o in enumerate(n.output) if o}
-        initializers = {t.name: t for t in graph.initializer}
         inputs = {i.name: i.type for i in graph.input}
+        # An initializer that is also an input is a default: it can be fed another shape.
+        initializers = {t.name: t for t in graph.initializer if t.name not in inputs}
 
         def constant(tensor: str) -> np.ndarray | None:
             return constant_value(tensor, initializers, producers)
@@ -205,16 +207,21 @@ class SymbolicShapes(ValueRules):
         x, target = self.dims(inputs[0]), self.value(inputs[1])
         if target is None or len(target[0]) != 1:
             return None
+        copies_zeros = not attributes.get("allowzero", 0)
         out: list[Size | None] = []
         for axis, size in enumerate(target[1]):
-            if size == (0, ()) and not attributes.get("allowzero", 0):
-                if x is None or axis >= len(x):
-                    return None
-                out.append(x[axis])
-            elif size == (-1, ()):
+            if size == (-1, ()):
                 out.append(None)
-            else:
+            elif not copies_zeros or (size[0] and not size[1]):
                 out.append(size)
+            elif x is None or axis >= len(x):
+                return None
+            elif size == (0, ()) or _zero_only_with(size, x[axis]):
+                # A 0 copies the input's axis (allowzero=0): a size that can be 0 only
+                # when that axis is 0 comes out the same either way.
+                out.append(x[axis] if size == (0, ()) else size)
+            else:
+                out.append(self.fresh())
         if out.count(None) == 1:
             known = product(s for s in out if s is not None)
             inferred = None if x is None else quotient(product(x), known)
@@ -239,6 +246,8 @@ class SymbolicShapes(ValueRules):
             return None
         if op == "Squeeze":
             axes = self._axes(inputs, attributes, len(x))
+            if axes is None and len(inputs) > 1 and inputs[1]:
+                return None  # axes known only at run time
             if axes is None:
                 if any(s[1] for s in x):  # a symbol may be 1 at run time
                     return None
@@ -267,8 +276,9 @@ class SymbolicShapes(ValueRules):
         steps = self.value(inputs[4]) if len(inputs) > 4 and inputs[4] else None
         if starts is None or ends is None:
             return None
-        if len(inputs) > 3 and inputs[3] and axes is None:
-            return None
+        for position in (3, 4):  # axes, steps: given, but known only at run time
+            if len(inputs) > position and inputs[position] and (axes, steps)[position - 3] is None:
+                return None
         count = len(starts[1])
         axes_list = [(a, ()) for a in range(count)] if axes is None else axes[1]
         out = list(x)
@@ -282,8 +292,11 @@ class SymbolicShapes(ValueRules):
             whole = start == (0, ()) and step == ONE and not end[1] and end[0] >= 2**31 - 1
             if whole:
                 continue
+            picked = None
             if not (start[1] or end[1] or step[1] or x[axis][1]):
-                out[axis] = (len(range(*slice(start[0], end[0], step[0]).indices(x[axis][0]))), ())
+                picked = slice_indices(start[0], end[0], step[0], x[axis][0])
+            if picked is not None:
+                out[axis] = (len(picked), ())
             else:
                 out[axis] = self.fresh()
         return tuple(out)
@@ -309,7 +322,9 @@ class SymbolicShapes(ValueRules):
         sizes = None
         if len(inputs) > 1 and inputs[1]:
             given = self.value(inputs[1])
-            sizes = None if given is None else [s for s in given[1]]
+            if given is None:
+                return None  # sizes known only at run time
+            sizes = list(given[1])
         elif "split" in attributes:
             sizes = [(int(s), ()) for s in attributes["split"]]
         out = list(x)
@@ -321,7 +336,9 @@ class SymbolicShapes(ValueRules):
             out[axis] = self.fresh()
         return tuple(out)
 
-    def _einsum(self, shapes, equation: str):
+    def _einsum(self, shapes, equation: str | bytes):
+        if isinstance(equation, bytes):
+            equation = equation.decode()
         if any(s is None for s in shapes) or "..." in equation:
             return None
         left, _, right = equation.replace(" ", "").partition("->")
@@ -341,3 +358,36 @@ class SymbolicShapes(ValueRules):
             found = sizes.get(letter, set()) - {ONE}
             out.append(found.pop() if len(found) == 1 else (ONE if not found else self.fresh()))
         return tuple(out)
+
+
+def _zero_only_with(size: Size, axis: Size) -> bool:
+    """Whether `size` (a product of sizes, not 0) is 0 only where `axis` is: every symbol
+    of `size` is a factor of `axis`."""
+    return bool(size[0]) and set(size[1]) <= set(axis[1])
+
+
+def literal_reshape_sizes(proto: onnx.ModelProto) -> int:
+    """Makes each `Reshape` to a computed shape take its sizes as they are; returns how many.
+
+    tf2onnx writes TensorFlow's reshapes with `allowzero=0`, where a size that is 0 at run
+    time copies the input's axis; TensorFlow's reshape (and Keras) takes the 0. A target
+    computed from shapes (no literal 0 in it, which would be tf2onnx's own "copy") gets
+    `allowzero=1`: the same for every non-empty axis, Keras's answer for an empty one, and
+    sizes that `SymbolicShapes` can follow. Main graph only; opset 14 and later.
+    """
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 14:
+        return 0
+    shapes = SymbolicShapes.of_graph(proto.graph)
+    changed = 0
+    for node in proto.graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        if any(a.name == "allowzero" and a.i for a in node.attribute):
+            continue
+        target = shapes.value(node.input[1])
+        if target is None or (0, ()) in target[1] or all(not s[1] for s in target[1]):
+            continue
+        node.attribute.extend([helper.make_attribute("allowzero", 1)])
+        changed += 1
+    return changed

@@ -11,22 +11,22 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["ONE", "Size", "Value", "ValueRules", "constant_value", "product", "quotient"]
+__all__ = [
+    "ONE",
+    "Size",
+    "Value",
+    "ValueRules",
+    "constant_value",
+    "product",
+    "quotient",
+    "slice_indices",
+]
 
 Size = tuple[int, tuple]
 Value = tuple[tuple[int, ...], tuple[Size, ...]]  # a small integer tensor: shape, elements
 
 ONE: Size = (1, ())
-_INT_TYPES = {
-    onnx.TensorProto.INT64,
-    onnx.TensorProto.INT32,
-    onnx.TensorProto.INT16,
-    onnx.TensorProto.INT8,
-    onnx.TensorProto.UINT64,
-    onnx.TensorProto.UINT32,
-    onnx.TensorProto.UINT16,
-    onnx.TensorProto.UINT8,
-}
+_INT32_LIMIT = 2**31
 _SMALL = 64  # integer constants up to this many elements are followed as values
 
 
@@ -44,6 +44,19 @@ def constant_value(
             if attribute.name == "value":
                 return numpy_helper.to_array(attribute.t)
     return None
+
+
+def slice_indices(start: int, end: int, step: int, size: int) -> range | None:
+    """The indices ONNX's `Slice` takes from an axis of `size` (its clamping, not Python's)."""
+    if step == 0:
+        return None
+    start += size if start < 0 else 0
+    end += size if end < 0 else 0
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+    else:
+        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return range(start, end, step)
 
 
 def product(sizes) -> Size:
@@ -99,14 +112,22 @@ class ValueRules:
             start, end = attributes.get("start", 0), attributes.get("end", len(x))
             picked = x[slice(start, end)]
             return (len(picked),), tuple(picked)
-        if op in ("Identity", "Cast"):
-            if op == "Cast" and attributes["to"] not in _INT_TYPES:
-                return None
+        if op == "Identity":
             return self.value(inputs[0])
-        if op in ("Squeeze", "Unsqueeze", "Reshape", "Flatten"):
+        if op == "Cast":
+            return self._cast_value(self.value(inputs[0]), attributes["to"])
+        if op in ("Squeeze", "Unsqueeze", "Reshape"):
             given = self.value(inputs[0])
-            shape = self.dims(node.output[0])
-            if given is None or shape is None or any(s[1] for s in shape):
+            if given is None:
+                return None
+            # The output's shape from the input's (not `dims` of the output, which asks
+            # for this value first).
+            shape = (
+                self._reshape(inputs, attributes)
+                if op == "Reshape"
+                else self._squeeze(op, inputs, attributes)
+            )
+            if shape is None or any(s[1] for s in shape):
                 return None
             return tuple(s[0] for s in shape), given[1]
         if op == "Gather":
@@ -142,18 +163,35 @@ class ValueRules:
             return None
         return tuple(indices.shape), tuple(data[1][i] for i in picked)
 
+    @staticmethod
+    def _cast_value(given: Value | None, to: int) -> Value | None:
+        """A size survives a cast to int64, and to int32 while it is one axis or below 2^31
+        (a product of axes may not fit); narrower types wrap."""
+        if given is None or to not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            return None
+        if to == onnx.TensorProto.INT32 and any(
+            len(symbols) > 1 or not -_INT32_LIMIT <= c < _INT32_LIMIT for c, symbols in given[1]
+        ):
+            return None
+        return given
+
     def _slice_value(self, inputs):
         data = self.value(inputs[0])
-        bounds = [self.constant(i) if i else None for i in (inputs[1:] + [""] * 4)[:4]]
+        names = (inputs[1:] + [""] * 4)[:4]
+        bounds = [self.constant(i) if i else None for i in names]
+        if any(name and bound is None for name, bound in zip(names, bounds, strict=True)):
+            return None  # a bound known only at run time
         if data is None or len(data[0]) != 1 or bounds[0] is None or bounds[1] is None:
             return None
         if bounds[2] is not None and [int(a) for a in bounds[2].ravel()] not in ([0], [-1]):
             return None
         step = 1 if bounds[3] is None else int(bounds[3].ravel()[0])
         start, end = int(bounds[0].ravel()[0]), int(bounds[1].ravel()[0])
-        end = min(end, 2**62)
-        elements = data[1][slice(start, end, step)]
-        return (len(elements),), tuple(elements)
+        picked = slice_indices(start, end, step, len(data[1]))
+        if picked is None:
+            return None
+        elements = tuple(data[1][i] for i in picked)
+        return (len(elements),), elements
 
     def _arithmetic(self, op: str, values):
         if any(v is None for v in values) or len(values) != 2:
