@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import hand_built
 import keras
 import numpy as np
 import onnx
@@ -32,16 +33,7 @@ def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     return session.run(None, feeds)
 
 
-def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 9
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
-
-
-def _int64(name, value):
-    return numpy_helper.from_array(np.asarray(value, np.int64), name)
+_model, _int64 = hand_built.model, hand_built.int64
 
 
 def test_a_projection_and_a_reshape_to_heads_keep_the_input_sizes():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import hand_built
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -31,16 +32,7 @@ def _run(proto: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip(names, session.run(None, feeds), strict=True))
 
 
-def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    proto.ir_version = 9
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
-
-
-def _int64(name, value):
-    return numpy_helper.from_array(np.asarray(value, np.int64), name)
+_model, _int64 = hand_built.model, hand_built.int64
 
 
 def _info(name, kind, shape):

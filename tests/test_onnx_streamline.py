@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import hand_built
 import keras
 import numpy as np
 import onnx
@@ -46,12 +47,7 @@ def _both_runtimes(proto: onnx.ModelProto, feeds: dict, reference: bool = True) 
     return outputs
 
 
-def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    proto.ir_version = 9
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
+_model = hand_built.model
 
 
 def _float(name, shape=None):
