@@ -3,12 +3,14 @@
 Nothing here imports `keras_posenc`: every expected value in the tests comes from these
 functions (or from published numbers), never from the code under test. Angles are formed
 in float64 from exact integer positions, so these values are correct to ~1e-16, far below
-the float32 tolerances the tests check.
+the float32 tolerances the tests check. `multi_head_attention` returns `float32_error.Bounded`
+values: the reference and the most a float32 evaluation can differ from it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from float32_error import Bounded, table
 
 
 def inverse_frequencies(width: int, max_wavelength: float = 10000.0) -> np.ndarray:
@@ -60,7 +62,8 @@ def rotary(
     `layout="interleaved"`, `r = rotary_dim` (default: all channels); channels from `r`
     on pass through. `positions` has shape `(sequence,)` or `(batch, sequence)`.
     """
-    x = np.asarray(x, dtype=np.float64)
+    carry_bound = isinstance(x, Bounded)
+    x = x if carry_bound else np.asarray(x, dtype=np.float64)
     # Work on (batch, sequence, ..., features).
     x = np.moveaxis(x, (sequence_axis, feature_axis), (1, -1))
     features = x.shape[-1]
@@ -69,6 +72,8 @@ def rotary(
     theta = angles(positions, rotary_dim, max_wavelength)  # (batch, sequence, r/2)
     theta = theta.reshape(theta.shape[:2] + (1,) * (x.ndim - 3) + theta.shape[2:])
     sin, cos = np.sin(theta), np.cos(theta)
+    if carry_bound:
+        sin, cos = table(sin), table(cos)
 
     if layout == "half":
         first = np.arange(rotary_dim // 2)
@@ -116,14 +121,12 @@ def multi_head_attention(
             blocked entirely come out NaN: attention defines nothing for them).
 
     Returns:
-        `(output (batch, T, out), scores (batch, heads, T, S))`.
+        `(output (batch, T, out), scores (batch, heads, T, S))`, both `Bounded`.
     """
     key = value if key is None else key
 
     def project(inputs, name):
-        projected = np.einsum(
-            "bti,ihd->bthd", np.asarray(inputs, np.float64), weights[name + "_kernel"]
-        )
+        projected = np.einsum("bti,ihd->bthd", Bounded(inputs), weights[name + "_kernel"])
         return projected + weights.get(name + "_bias", 0.0)
 
     q, k, v = project(query, "query"), project(key, "key"), project(value, "value")

@@ -21,12 +21,12 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from float32_error import Bounded, assert_agree, assert_within, table
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
 
 WIDTH, HEAD_DIM, QUERY_HEADS = 16, 8, 4
 STEPS, PREFILL, MAX_LENGTH = 12, 3, 16
-TOLERANCE = 1e-5
 SWITCH = 6  # dynamic / longrope change frequencies past this total length, mid-generation
 PAIRS = HEAD_DIM // 2
 
@@ -85,15 +85,15 @@ def reference_omega(rope_dim: int, base: float, scaling: dict | None, total_leng
 
 def reference_rotate(x, positions, omegas, factors, layout: str, rope_dim: int):
     """Rotate `x (batch, steps, heads, dim)`: row `b`, token `t` by `positions[b, t]·omegas[t]`."""
-    x = np.array(x, dtype=np.float64)
+    x = x.copy()
     half = rope_dim // 2
     if layout == "half":
         first, second = np.arange(half), np.arange(half) + half
     else:
         first, second = np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)
     angles = positions[:, :, None] * omegas[None, :, :]  # (batch, steps, pairs)
-    cos = (np.cos(angles) * factors[None, :, None])[:, :, None, :]
-    sin = (np.sin(angles) * factors[None, :, None])[:, :, None, :]
+    cos = table((np.cos(angles) * factors[None, :, None])[:, :, None, :])
+    sin = table((np.sin(angles) * factors[None, :, None])[:, :, None, :])
     a, b = x[..., first].copy(), x[..., second].copy()
     x[..., first] = a * cos - b * sin
     x[..., second] = b * cos + a * sin
@@ -101,7 +101,7 @@ def reference_rotate(x, positions, omegas, factors, layout: str, rope_dim: int):
 
 
 def reference_attention(weights, x, positions, mask, lengths, kv_heads, rope):
-    """Causal attention of every token over the real tokens up to it, float64.
+    """Causal attention of every token over the real tokens up to it, float64, with its bound.
 
     Args:
         weights: the layer's `(query, key, value, output)` kernels and biases.
@@ -110,10 +110,13 @@ def reference_attention(weights, x, positions, mask, lengths, kv_heads, rope):
             frequencies of dynamic / longrope scaling).
         kv_heads: key/value heads; query head `h` reads key/value head `h // groups`.
         rope: `(layout, rope_dim, base, scaling)`.
+
+    Returns:
+        `(batch, steps, width)` outputs as `float32_error.Bounded`.
     """
     layout, rope_dim, base, scaling = rope
     (wq, bq), (wk, bk), (wv, bv), (wo, bo) = weights
-    x = np.asarray(x, np.float64)
+    x = Bounded(x)
     q = np.einsum("btw,whd->bthd", x, wq) + bq
     k = np.einsum("btw,whd->bthd", x, wk) + bk
     v = np.einsum("btw,whd->bthd", x, wv) + bv
@@ -297,7 +300,7 @@ def test_decoding_with_the_cache_equals_the_full_causal_pass(in_mode, case):
         weights, x, positions, mask, _call_lengths(positions), case.kv_heads, case.rope()
     )
     real = mask  # padded queries attend to nothing real: their rows are not defined
-    np.testing.assert_allclose(decoded[real], expected[real], rtol=0, atol=TOLERANCE)
+    assert_within(decoded, expected, where=real)
 
     # The full causal pass (no cache) gives the same outputs where the frequencies do not
     # depend on the total length; with dynamic / longrope it rotates every token for the
@@ -312,18 +315,18 @@ def test_decoding_with_the_cache_equals_the_full_causal_pass(in_mode, case):
     expected_full = reference_attention(
         weights, x, positions, mask, whole, case.kv_heads, case.rope()
     )
-    np.testing.assert_allclose(full[real], expected_full[real], rtol=0, atol=TOLERANCE)
+    assert_within(full, expected_full, where=real)
     if case.length_dependent:
         assert np.abs(decoded[real] - full[real]).max() > 1e-3  # the switch really happened
     else:
-        np.testing.assert_allclose(decoded[real], full[real], rtol=0, atol=TOLERANCE)
+        assert_agree(decoded, full, expected, where=real)
 
     # Each row of a left-padded batch decodes as that row alone (same total lengths).
     if case.padding != "none" and not case.length_dependent:
         for row in (1, 2):
             alone_x = x[row : row + 1, mask[row]]
             alone = layer(alone_x, alone_x, use_causal_mask=True).numpy()[0]
-            np.testing.assert_allclose(decoded[row, mask[row]], alone, rtol=0, atol=TOLERANCE)
+            assert_agree(decoded[row, mask[row]], alone, expected[row, mask[row]])
 
     # The cache holds the rotated keys and the values of every real token, nothing past.
     assert not cache[:, :, STEPS:].any()

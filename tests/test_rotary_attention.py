@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import assert_agree, assert_within
 
 from keras_posenc import RotaryMultiHeadAttention
 
 HEADS, KEY_DIM, WIDTH = 2, 8, 12
-TOLERANCE = 1e-5
 
 
 def _weights(layer) -> dict:
@@ -78,8 +78,8 @@ def test_self_attention_matches_the_reference(in_mode, layer_arguments):
     expected, expected_scores = _expected(
         layer, x, x, query_positions=np.arange(9), key_positions=np.arange(9)
     )
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
-    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+    assert_within(outputs, expected)
+    assert_within(scores, expected_scores)
 
 
 def test_cross_attention_with_positions_and_masks_matches_the_reference(in_mode):
@@ -121,8 +121,8 @@ def test_cross_attention_with_positions_and_masks_matches_the_reference(in_mode)
         key_positions=key_positions,
         attention_mask=mask,
     )
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
-    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+    assert_within(outputs, expected)
+    assert_within(scores, expected_scores)
 
 
 def test_start_indices_and_causal_mask_match_the_reference(in_mode):
@@ -149,7 +149,7 @@ def test_start_indices_and_causal_mask_match_the_reference(in_mode):
             key_positions=np.arange(key_start, key_start + 6),
             attention_mask=_causal(6, 6),
         )
-        np.testing.assert_allclose(outputs, expected, rtol=0, atol=TOLERANCE)
+        assert_within(outputs, expected)
 
 
 def test_scores_depend_only_on_the_relative_position():
@@ -160,8 +160,13 @@ def test_scores_depend_only_on_the_relative_position():
         shifted, shifted_scores = layer(
             x, x, query_start_index=shift, key_start_index=shift, return_attention_scores=True
         )
-        np.testing.assert_allclose(shifted_scores, scores, rtol=0, atol=TOLERANCE)
-        np.testing.assert_allclose(shifted, outputs, rtol=0, atol=TOLERANCE)
+        # Both are float32 evaluations of the same exact value: within the larger bound, twice.
+        positions = np.arange(shift, shift + 8)
+        bound, bound_scores = _expected(
+            layer, x, x, query_positions=positions, key_positions=positions
+        )
+        assert_agree(shifted_scores, scores, bound_scores)
+        assert_agree(shifted, outputs, bound)
     # A shift of the keys alone changes them.
     _, key_shifted = layer(x, x, key_start_index=3, return_attention_scores=True)
     assert np.abs(key_shifted - scores).max() > 1e-3
@@ -181,7 +186,9 @@ def test_attention_is_not_permutation_equivariant_unless_positions_move_with_the
         query_positions=permutation,
         key_positions=permutation,
     )
-    np.testing.assert_allclose(with_positions, outputs[:, permutation], rtol=0, atol=TOLERANCE)
+    expected, _ = _expected(layer, x, x, query_positions=np.arange(6), key_positions=np.arange(6))
+    assert_within(outputs, expected)
+    assert_agree(with_positions, outputs[:, permutation], expected[:, permutation])
 
 
 @pytest.mark.parametrize("mode", ["function", "jit"])
@@ -198,9 +205,18 @@ def test_decoding_with_a_cache_equals_the_full_causal_pass(in_mode):
             tf.TensorSpec([], tf.int32),
         ],
     )
+    expected, _ = _expected(
+        layer,
+        x,
+        x,
+        query_positions=np.arange(5),
+        key_positions=np.arange(5),
+        attention_mask=_causal(5, 5),
+    )
+    assert_within(full, expected)
     for t in range(5):
         outputs = step(x[:, t : t + 1], x[:, : t + 1], tf.constant(t))
-        np.testing.assert_allclose(outputs[:, 0], full[:, t], rtol=0, atol=TOLERANCE)
+        assert_agree(outputs[:, 0], full[:, t], expected[:, t])
 
 
 @pytest.mark.parametrize("mode", ["function", "jit"])
@@ -240,7 +256,7 @@ def test_keras_masks_are_used_and_passed_on():
         layer, x, x, query_positions=np.arange(6), key_positions=np.arange(6), attention_mask=mask
     )
     # Rows of padded queries are not defined by the mask; compare the real tokens only.
-    np.testing.assert_allclose(outputs.numpy()[padding], expected[padding], rtol=0, atol=TOLERANCE)
+    assert_within(outputs, expected, where=padding)
 
 
 def test_compute_output_shape():
@@ -288,7 +304,7 @@ def test_keras_file_round_trip(tmp_path):
         key_positions=np.arange(9),
         attention_mask=_causal(9, 9),
     )
-    np.testing.assert_allclose(loaded(x), expected, rtol=0, atol=TOLERANCE)
+    assert_within(loaded(x), expected)
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
@@ -302,7 +318,9 @@ def test_mixed_precision_computes_in_the_compute_dtype(policy):
         layer, x, x, query_positions=np.arange(5000, 5006), key_positions=np.arange(5000, 5006)
     )
     tolerance = 0.1 if policy == "mixed_bfloat16" else 2e-2
-    np.testing.assert_allclose(outputs.numpy().astype(np.float64), expected, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(
+        outputs.numpy().astype(np.float64), expected.value, rtol=0, atol=tolerance
+    )
 
 
 # --- Errors ------------------------------------------------------------------------------
@@ -351,11 +369,19 @@ def test_position_arguments_work_in_the_functional_api():
     x = np.random.default_rng(0).normal(size=(1, 5, 32)).astype(np.float32)
     eager = attention(x, x, query_start_index=7, key_start_index=7, use_causal_mask=True)
     shifted = attention(x, x, use_causal_mask=True)
-    np.testing.assert_allclose(
-        model([x, np.array([7], np.int32)]).numpy(), eager.numpy(), atol=1e-6
+    positions = np.arange(7, 12)
+    expected, _ = _expected(
+        attention,
+        x,
+        x,
+        query_positions=positions,
+        key_positions=positions,
+        attention_mask=_causal(5, 5, batch=1),
     )
+    assert_within(eager, expected)
+    assert_agree(model([x, np.array([7], np.int32)]), eager, expected)
     # Same relative positions, same output: the start index is really used (and harmless).
-    np.testing.assert_allclose(eager.numpy(), shifted.numpy(), atol=1e-5)
+    assert_agree(eager, shifted, expected)
     with_positions = attention(x, x, query_positions=np.arange(5) * 3, use_causal_mask=True)
     assert np.abs(with_positions.numpy() - shifted.numpy()).max() > 1e-3
 
@@ -400,11 +426,10 @@ def test_the_weights_are_exactly_multi_head_attentions():
         # Same weights, no rotation at all (all positions 0): the same outputs.
         plain.set_weights(rotary.get_weights())
         zeros = np.zeros(5, np.int32)
-        np.testing.assert_allclose(
-            rotary(x, x, query_positions=zeros, key_positions=zeros),
-            plain(x, x),
-            rtol=0,
-            atol=1e-6,
+        expected, _ = _expected(rotary, x, x, query_positions=zeros, key_positions=zeros)
+        assert_within(plain(x, x), expected)
+        assert_agree(
+            rotary(x, x, query_positions=zeros, key_positions=zeros), plain(x, x), expected
         )
 
 
@@ -426,7 +451,7 @@ def test_use_causal_mask_equals_an_explicit_causal_mask(in_mode):
         layer, x, x, query_positions=np.arange(7), key_positions=np.arange(7), attention_mask=causal
     )
     for got in (fused, masked, explicit):
-        np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE)
+        assert_within(got, expected)
 
 
 def test_the_fused_attention_path_is_used_without_scores():
@@ -496,7 +521,7 @@ def test_concurrent_calls_keep_their_own_positions(tracing):
 
     for i, outputs in _threads(work).items():
         for output in outputs:
-            np.testing.assert_allclose(output, expected[i], rtol=0, atol=TOLERANCE)
+            assert_within(output, expected[i])
 
 
 def _conditionals(function, *specs) -> int:

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import assert_agree, assert_within
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
 
 HEAD_DIM, QUERY_HEADS, WIDTH = 8, 4, 12
-TOLERANCE = 1e-5
 
 
 def _randomised(layer, seed=0):
@@ -95,13 +95,13 @@ def test_matches_the_reference(in_mode, kv_heads, options):
     key_positions = np.array([[0, 1, 2, 3, 4, 5], [9, 4000, 4100, 2, 70000, 6]], np.int32)
     (shifted, (causal, scores)) = attend(query, value, tf.constant(4090), key_positions)
     expected, _ = _expected(layer, query, value, np.arange(4090, 4096), key_positions)
-    np.testing.assert_allclose(shifted, expected, rtol=0, atol=TOLERANCE)
+    assert_within(shifted, expected)
     mask = np.broadcast_to(np.tri(6, dtype=bool), (2, 6, 6))
     expected, expected_scores = _expected(
         layer, query, value, np.arange(6), np.arange(6), attention_mask=mask
     )
-    np.testing.assert_allclose(causal, expected, rtol=0, atol=TOLERANCE)
-    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=TOLERANCE)
+    assert_within(causal, expected)
+    assert_within(scores, expected_scores)
 
 
 def test_equal_head_counts_are_rotary_multi_head_attention():
@@ -112,8 +112,14 @@ def test_equal_head_counts_are_rotary_multi_head_attention():
     mha(x, x)
     _randomised(gqa)
     mha.set_weights(gqa.get_weights())
-    for kwargs in ({"use_causal_mask": True}, {"query_start_index": 300}):
-        np.testing.assert_allclose(gqa(x, x, **kwargs), mha(x, x, **kwargs), atol=1e-6)
+    causal = np.broadcast_to(np.tri(7, dtype=bool), (2, 7, 7))
+    for kwargs, positions, mask in (
+        ({"use_causal_mask": True}, np.arange(7), causal),
+        ({"query_start_index": 300}, np.arange(300, 307), None),
+    ):
+        expected, _ = _expected(gqa, x, x, positions, np.arange(7), attention_mask=mask)
+        assert_within(gqa(x, x, **kwargs), expected)
+        assert_agree(gqa(x, x, **kwargs), mha(x, x, **kwargs), expected)
 
 
 def test_the_weights_are_exactly_group_query_attentions():
@@ -128,7 +134,9 @@ def test_the_weights_are_exactly_group_query_attentions():
     ]
     _randomised(rotary)
     plain.set_weights(rotary.get_weights())
-    zeros = np.zeros(5, np.int32)  # no rotation: the plain layer's outputs, gate included
+    # No rotation (cos 1, sin 0: exact in float32): the plain layer's operations, gate included,
+    # eagerly in the same order; any difference is a different computation, not rounding.
+    zeros = np.zeros(5, np.int32)
     np.testing.assert_allclose(
         rotary(x, x, query_positions=zeros, key_positions=zeros), plain(x, x), atol=1e-6
     )
@@ -143,7 +151,12 @@ def test_left_padded_rows_attend_as_unpadded_with_positions_from_mask():
     _randomised(layer)
     alone = layer(tokens, tokens, use_causal_mask=True).numpy()
     got = layer(padded, padded, query_mask=mask, value_mask=mask, use_causal_mask=True)
-    np.testing.assert_allclose(got.numpy()[:, 3:], alone, rtol=0, atol=TOLERANCE)
+    causal = np.tri(5, dtype=bool)[None]
+    expected, _ = _expected(
+        layer, tokens, tokens, np.arange(5), np.arange(5), attention_mask=causal
+    )
+    assert_within(alone, expected)
+    assert_agree(got.numpy()[:, 3:], alone, expected)
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
@@ -186,5 +199,7 @@ def test_a_cached_call_in_the_functional_api_returns_output_and_cache():
     x = _normal((1, 4, WIDTH), 8)
     empty = np.zeros((1, 2, 10, 2, HEAD_DIM), np.float32)
     got, filled = model([x, empty, np.array([0], np.int32)])
-    np.testing.assert_allclose(got, layer(x, x, use_causal_mask=True), atol=1e-6)
+    causal = np.tri(4, dtype=bool)[None]
+    expected, _ = _expected(layer, x, x, np.arange(4), np.arange(4), attention_mask=causal)
+    assert_within(got, expected)
     assert np.abs(filled.numpy()[:, :, :4]).min() > 0 and not filled.numpy()[:, :, 4:].any()
