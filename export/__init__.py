@@ -1,17 +1,11 @@
 """The export job: `python -m export` from the repository root (`keras-posenc-export` installed).
 
-With no arguments it builds the default encoders (`keras_posenc.export.encoders`), writes
-each one's SavedModel, ONNX file, LiteRT file and verification report to
-`export/artifacts/<name>/`, and prints a table of the errors and latencies. See
-`python -m export --help`. The code lives in the package (`keras_posenc.export.cli`); this
-folder keeps the repository's layout. Importing it imports nothing heavy, so that
-`python -m export` can quiet TensorFlow before Keras loads it (`keras_posenc_cli`).
+With no arguments it builds the default encoders, writes each one's SavedModel, ONNX file,
+LiteRT file and verification report to `export/artifacts/<name>/`, and prints a table of
+the errors and latencies; see `python -m export --help`. This folder is only the entry:
+the arguments are `keras_posenc_cli.arguments`, the job `keras_posenc.export.job`.
+Importing it imports nothing heavy, so that `--help` answers without TensorFlow.
 """
-
-import os
-
-# Before anything imports Keras: keras_posenc needs the TensorFlow backend.
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,9 @@
-"""The `keras-posenc-export` console script: TensorFlow's start-up quieted, then the job.
+"""The `keras-posenc-export` front door: arguments first, then TensorFlow, quietly.
 
-This module imports nothing heavy at its top: quieting TensorFlow has to happen before the
-first `import keras` (which `import keras_posenc` does), so the script's entry point lives
-outside the `keras_posenc` package. The job itself is `keras_posenc.export.cli`.
+It lives outside the `keras_posenc` package because importing that package loads
+TensorFlow (seconds, and hundreds of MB): here `--help` and argument errors are answered
+without it, and TensorFlow's log level is set before it loads. The job itself is
+`keras_posenc.export.job`.
 """
 
 from __future__ import annotations
@@ -73,13 +74,22 @@ def quiet_environment() -> bool:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -> int:
-    """Runs `keras_posenc.export.cli.main` with TensorFlow's start-up noise left out."""
-    quiet = quiet_environment()
+    """Parses the arguments, then runs `keras_posenc.export.job.run` quietly.
+
+    Returns:
+        The exit status: 0 when every verification passed (2 for a bad argument, from
+        argparse, before TensorFlow is imported).
+    """
+    from keras_posenc_cli.arguments import parse_arguments
+
+    arguments = parse_arguments(argv, prog)
+    quiet = not arguments.debug and quiet_environment()
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     context = filtered_stderr() if quiet else contextlib.nullcontext()
     with context:
-        from keras_posenc.export.cli import main as job
+        from keras_posenc.export.job import run
 
-        return job(argv, prog)
+        return run(arguments)
 
 
 if __name__ == "__main__":

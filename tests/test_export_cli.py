@@ -20,7 +20,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the repository
     sys.path.insert(0, str(REPOSITORY))
 
-from export.cli import main  # noqa: E402
+from export import main  # noqa: E402
 
 # What the job writes into each model's folder (the manifest lists the files it wrote).
 ARTIFACTS = [".keras-posenc-files", "model.onnx", "model.tflite", "report.json", "saved_model"]
@@ -118,7 +118,12 @@ def test_failed_export_writes_nothing_and_exits_1(tmp_path, capsys):
         (["--model", "/nonexistent/model.keras"], "no such file"),
         (["--batch-sizes", "0,2"], "positive integers"),
         (["--encoder", "nope"], "invalid choice"),
-        (["--max-sequence-length", "0"], "positive integers"),
+        (["--max-sequence-length", "0"], "expected a positive integer, got '0'"),
+        (
+            ["--batch-sizes", "-1,2"],
+            "positive integers separated by commas (such as 1,2,8), got '-1,2'",
+        ),
+        (["--sequence-lengths", "3,x"], "got '3,x'"),
     ],
 )
 def test_bad_arguments_are_usage_errors(arguments, message, tmp_path, capsys):
@@ -181,13 +186,62 @@ def test_console_script_runs_from_any_folder_without_tensorflow_noise(keras_file
 
 
 def test_default_out_is_export_artifacts_only_in_the_checkout(tmp_path, monkeypatch):
-    from keras_posenc.export import cli
+    from keras_posenc_cli import arguments
 
     monkeypatch.chdir(REPOSITORY)
-    assert cli.default_out() == REPOSITORY / "export" / "artifacts"
+    assert arguments.default_out() == REPOSITORY / "export" / "artifacts"
     monkeypatch.chdir(tmp_path)
-    assert cli.default_out() == Path("keras-posenc-artifacts")
-    assert cli.parse_arguments([]).out == Path("keras-posenc-artifacts")
+    assert arguments.default_out() == Path("keras-posenc-artifacts")
+    assert arguments.parse_arguments([]).out == Path("keras-posenc-artifacts")
+
+
+def test_the_front_doors_defaults_are_the_packages():
+    from keras_posenc.export.encoders import DEFAULT_ENCODERS
+    from keras_posenc_cli import arguments
+
+    assert arguments.ENCODERS == tuple(DEFAULT_ENCODERS)
+    assert arguments.BATCH_SIZES == kpe.BATCH_SIZES
+    assert arguments.SEQUENCE_LENGTHS == kpe.SEQUENCE_LENGTHS
+    assert arguments.DEFAULT_OPSET == kpe.DEFAULT_OPSET
+    assert arguments.SUPPORTED_OPSETS == kpe.SUPPORTED_OPSETS
+
+
+@pytest.mark.parametrize(
+    "arguments, status, shown",
+    [(["--help"], 0, "usage: python -m export"), (["--opset", "9"], 2, "--opset 9 is not")],
+)
+def test_help_and_argument_errors_do_not_import_tensorflow(arguments, status, shown):
+    probe = (
+        "import sys\n"
+        "from export import main\n"
+        "try:\n"
+        f"    main({arguments!r})\n"
+        "except SystemExit as exit_:\n"
+        "    print('status', exit_.code)\n"
+        "print('loaded', sorted({'tensorflow', 'keras', 'keras_posenc'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPOSITORY, capture_output=True, text=True, timeout=60
+    )
+    assert f"status {status}" in result.stdout, result.stdout + result.stderr
+    assert "loaded []" in result.stdout
+    assert shown in result.stdout + result.stderr
+
+
+def test_a_refused_export_says_nothing_was_written_and_keeps_the_foreign_file(
+    keras_file, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    (out / "my_model").mkdir(parents=True)
+    foreign = out / "my_model" / "notes.txt"
+    foreign.write_text("mine")
+    assert main(["--model", str(keras_file), "--out", str(out), *SMALL_GRID]) == 1
+    printed = capsys.readouterr().out
+    last = printed.strip().splitlines()[-1]
+    assert last == "0 of 1 passed; NOT exported: my_model (see ERROR above; nothing written)"
+    assert "ERROR" in printed and "notes.txt" in printed
+    assert foreign.read_text() == "mine"
+    assert sorted(p.name for p in (out / "my_model").iterdir()) == ["notes.txt"]
 
 
 def test_noise_filter_keeps_everything_else():

@@ -9,7 +9,8 @@ For each encoder the job writes, whole or not at all,
 
 prints a progress line per step and, at the end, a table with one row per encoder and
 runtime. The exit status is 0 only when every verification passed; a failed verification
-still leaves its artifacts and a report that marks the failure.
+still leaves its artifacts and a report that marks the failure. The arguments come parsed
+from `keras_posenc_cli.arguments` (which answers `--help` without importing TensorFlow).
 """
 
 from __future__ import annotations
@@ -18,15 +19,10 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
-# installed package) into the current folder.
-CHECKOUT = Path(__file__).resolve().parents[2]
-CHECKOUT_ARTIFACTS = CHECKOUT / "export" / "artifacts"
-ARTIFACTS_NAME = "keras-posenc-artifacts"
 # The shapes whose latencies the table shows (those not verified show as "-").
 TABLE_SHAPES = ((1, 128), (8, 128))
 _ARTIFACT_FILES = ("report.json", "model.onnx", "model.tflite", "saved_model")
@@ -40,129 +36,6 @@ class Job:
     load: Callable[[], object]
     longest: int | None
     description: str
-
-
-def _positive_integers(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected positive integers separated by commas, got {text!r}"
-        )
-    return values
-
-
-def _positive_integer(text: str) -> int:
-    (value,) = _positive_integers(text)
-    return value
-
-
-def default_out() -> Path:
-    """`export/artifacts` when run inside the repository checkout, else ./keras-posenc-artifacts."""
-    in_checkout = (CHECKOUT / "export" / "__main__.py").is_file() and (
-        CHECKOUT / "pyproject.toml"
-    ).is_file()
-    if in_checkout and Path.cwd().resolve().is_relative_to(CHECKOUT):
-        return CHECKOUT_ARTIFACTS
-    return Path(ARTIFACTS_NAME)
-
-
-def parse_arguments(
-    argv: Sequence[str] | None = None, prog: str = "keras-posenc-export"
-) -> argparse.Namespace:
-    from keras_posenc.export import BATCH_SIZES, DEFAULT_OPSET, SEQUENCE_LENGTHS, SUPPORTED_OPSETS
-    from keras_posenc.export.encoders import DEFAULT_ENCODERS
-
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=(
-            "Export encoders to SavedModel, ONNX and LiteRT and verify the SavedModel, "
-            "onnxruntime and LiteRT against Keras. Without --model: the built-in default "
-            "encoders (" + ", ".join(DEFAULT_ENCODERS) + ")."
-        ),
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--encoder",
-        action="append",
-        choices=list(DEFAULT_ENCODERS),
-        help="export this default encoder (repeat for several; default: all)",
-    )
-    source.add_argument(
-        "--model", type=Path, metavar="PATH.keras", help="export this saved Keras model instead"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        metavar="DIR",
-        default=None,
-        help="folder for the artifacts, one subfolder per model (default: export/artifacts "
-        f"in the repository checkout, else ./{ARTIFACTS_NAME})",
-    )
-    parser.add_argument(
-        "--opset",
-        type=int,
-        metavar="N",
-        default=DEFAULT_OPSET,
-        help=f"ONNX opset, one of {', '.join(map(str, SUPPORTED_OPSETS))} (23: ONNX's own "
-        f"RotaryEmbedding op; default {DEFAULT_OPSET})",
-    )
-    parser.add_argument(
-        "--rotary",
-        choices=("fused", "decomposed"),
-        default="fused",
-        help="RoPE in the ONNX file: onnxruntime's fused kernel, or standard ops only "
-        "(default: fused)",
-    )
-    parser.add_argument(
-        "--max-sequence-length",
-        "--max-length",
-        dest="max_length",
-        type=_positive_integer,
-        metavar="N",
-        help="the largest position + 1 the files serve (with a start_index input, start + "
-        "length stay within it): their position tables hold only the rows below it, and "
-        "verification goes up to it (default: the smallest learned position table, if any; "
-        "else unbounded). --max-length is the old name",
-    )
-    parser.add_argument(
-        "--batch-sizes",
-        type=_positive_integers,
-        default=BATCH_SIZES,
-        metavar="N,N,...",
-        help=f"batch sizes to verify (default: {','.join(map(str, BATCH_SIZES))})",
-    )
-    parser.add_argument(
-        "--sequence-lengths",
-        type=_positive_integers,
-        default=SEQUENCE_LENGTHS,
-        metavar="N,N,...",
-        help="sequence lengths to verify, with the longest the model allows "
-        f"(default: {','.join(map(str, SEQUENCE_LENGTHS))})",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=_positive_integer,
-        metavar="N",
-        default=7,
-        help="timed calls per runtime and shape; latency is their median (default: 7)",
-    )
-    arguments = parser.parse_args(argv)
-    if arguments.out is None:
-        arguments.out = default_out()
-    if arguments.opset not in SUPPORTED_OPSETS:
-        parser.error(
-            f"--opset {arguments.opset} is not supported: use one of "
-            f"{', '.join(map(str, SUPPORTED_OPSETS))}"
-        )
-    if arguments.model is not None:
-        if not arguments.model.is_file():
-            parser.error(f"--model {arguments.model}: no such file")
-        if arguments.model.suffix != ".keras":
-            parser.error(f"--model {arguments.model}: expected a .keras file (model.save(...))")
-    return arguments
 
 
 def jobs(arguments: argparse.Namespace) -> list[Job]:
@@ -355,9 +228,26 @@ tol used: max |runtime - keras| / (atol + rtol |keras|) with atol=1e-5, rtol=1e-
 interleaved in one process; /TF: that latency over the SavedModel's (TensorFlow) latency."""
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -> int:
+def closing_line(reports: dict[str, dict | None], out: Path) -> str:
+    """What happened to each model, in one line: passed, failed (files kept) or not written."""
+    failed = [name for name, report in reports.items() if report and not report["passed"]]
+    refused = [name for name, report in reports.items() if report is None]
+    if not failed and not refused:
+        return f"All {len(reports)} verification(s) passed; artifacts in {out}/"
+    parts = []
+    if failed:
+        parts.append(
+            f"verification FAILED for {', '.join(failed)} (files and report kept in "
+            f"{out}/<name>/ to inspect)"
+        )
+    if refused:
+        parts.append(f"NOT exported: {', '.join(refused)} (see ERROR above; nothing written)")
+    passed = len(reports) - len(failed) - len(refused)
+    return f"{passed} of {len(reports)} passed; " + "; ".join(parts)
+
+
+def run(arguments: argparse.Namespace) -> int:
     """Runs the export job; returns the exit status (0 when every verification passed)."""
-    arguments = parse_arguments(argv, prog)
     todo = jobs(arguments)
     try:
         arguments.out.mkdir(parents=True, exist_ok=True)
@@ -379,10 +269,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -
     print(table(reports))
     print()
     print(TABLE_NOTES)
-    passed = all(report is not None and report["passed"] for report in reports.values())
     print()
-    print(
-        f"{'All' if passed else 'NOT all'} {len(reports)} verification(s) passed; "
-        f"artifacts in {arguments.out}/"
-    )
+    print(closing_line(reports, arguments.out))
+    passed = all(report is not None and report["passed"] for report in reports.values())
     return 0 if passed else 1
