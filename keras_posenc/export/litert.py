@@ -12,16 +12,15 @@ need one is refused with the op and the layer named.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging as absl_logging
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 from tensorflow.python.util import nest
 
@@ -29,6 +28,7 @@ from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.precision import exportable_model
+from keras_posenc.export.quiet import converter_output
 from keras_posenc.export.signature import (
     bounded_tracing,
     input_signature,
@@ -103,34 +103,25 @@ def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None
 
     module = tf.Module()
     module.serve = tf.function(serve, input_signature=input_signature(model), autograph=False)
-    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    # Loading the SavedModel warns that gradients were not saved: none are needed.
-    verbosity = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    try:
-        with tempfile.TemporaryDirectory(prefix="keras_posenc_litert_") as folder:
-            tf.saved_model.save(
-                module,
-                folder,
-                signatures={SIGNATURE_KEY: module.serve.get_concrete_function()},
-                # Gradients are not exported: a custom one capturing a constant cannot be.
-                options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
-            )
-            converter = tf.lite.TFLiteConverter.from_saved_model(
-                folder, signature_keys=[SIGNATURE_KEY]
-            )
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-            try:
-                data = converter.convert()
-            except Exception as error:
-                raise ExportError(_conversion_failure(model, str(error))) from error
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-        absl_logging.set_verbosity(verbosity)
+    # Loading the SavedModel warns that gradients were not saved (none are needed), and the
+    # converter logs its options: `converter_output` keeps them out.
+    with (
+        converter_output("tensorflow", "absl"),
+        tempfile.TemporaryDirectory(prefix="keras_posenc_litert_") as folder,
+    ):
+        tf.saved_model.save(
+            module,
+            folder,
+            signatures={SIGNATURE_KEY: module.serve.get_concrete_function()},
+            # Gradients are not exported: a custom one capturing a constant cannot be.
+            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False),
+        )
+        converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=[SIGNATURE_KEY])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        try:
+            data = converter.convert()
+        except Exception as error:
+            raise ExportError(_conversion_failure(model, str(error))) from error
     flex = sorted(op for op in litert_ops(data) if op.startswith("Flex"))
     if flex:  # cannot happen with built-in ops only; checked since the file would not run
         raise ExportError(f"The LiteRT file of {model.name!r} has Flex ops: {', '.join(flex)}.")
@@ -206,9 +197,16 @@ def litert_interpreter(path_or_content: str | os.PathLike | bytes):
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         Interpreter = tf.lite.Interpreter
-    if isinstance(path_or_content, bytes):
-        return Interpreter(model_content=path_or_content)
-    return Interpreter(model_path=str(path_or_content))
+    source = (
+        {"model_content": path_or_content}
+        if isinstance(path_or_content, bytes)
+        else {"model_path": str(path_or_content)}
+    )
+    with warnings.catch_warnings():
+        # TensorFlow's copy warns on every load that it is deprecated for ai_edge_litert:
+        # the `litert` extra installs that; without it the copy works the same.
+        warnings.filterwarnings("ignore", r"\s*Warning: tf.lite.Interpreter is deprecated")
+        return Interpreter(**source)
 
 
 class LiteRTRunner:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
 from keras_posenc.export.onnx_graph import graphs
 from keras_posenc.export.precision import exportable_model
+from keras_posenc.export.quiet import converter_output
 from keras_posenc.export.signature import (
     bounded_tracing,
     input_signature,
@@ -147,7 +147,7 @@ def onnx_model(
             # Traced for a converter that drops assertions: bad positions give NaN rows.
             with (
                 _environment(TF2ONNX_CATCH_ERRORS=catch_errors),
-                _quiet("tf2onnx"),
+                converter_output("tf2onnx"),
                 _tf.tracing_for_a_converter(),
                 bounded_tracing(model, max_sequence_length),
             ):
@@ -217,17 +217,6 @@ def _environment(**variables: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _name_dynamic_axes(proto) -> None:
