@@ -9,6 +9,7 @@ without it, and TensorFlow's log level is set before it loads. The job itself is
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Sequence
 
@@ -40,6 +41,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -
     from keras_posenc_cli.arguments import parse_arguments
 
     arguments = parse_arguments(argv, prog)
+    if arguments.debug:  # the converters' records, which the package logs at DEBUG
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("keras_posenc").setLevel(logging.DEBUG)
     quiet = not arguments.debug and quiet_environment()
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     context = filtered_stderr() if quiet else contextlib.nullcontext()
