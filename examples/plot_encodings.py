@@ -7,10 +7,10 @@ optional extra (`pip install "keras-posenc[plot]"`), is needed only to draw them
 
 Run it:
 
-    python examples/plot_encodings.py                # writes docs/*.png
-    python examples/plot_encodings.py --out figures  # somewhere else
-    python examples/plot_encodings.py --tiny         # small tables (or KERAS_POSENC_EXAMPLE_TINY=1)
-    python examples/plot_encodings.py --only 2d      # only docs/sinusoidal_2d.png
+    python examples/plot_encodings.py --out figures            # writes figures/*.png
+    python examples/plot_encodings.py --out docs               # the README's figures, anew
+    python examples/plot_encodings.py --out figures --tiny     # small tables (or KERAS_POSENC_EXAMPLE_TINY=1)
+    python examples/plot_encodings.py --out figures --only 2d  # only figures/sinusoidal_2d.png
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from keras_posenc import (  # noqa: E402
 )
 
 TINY_ENVIRONMENT_VARIABLE = "KERAS_POSENC_EXAMPLE_TINY"
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +319,12 @@ def draw_grid_figure(data: GridFigureData, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DOCS, help="folder for the PNG files")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for the PNG files (created if missing; `docs` replaces the README's)",
+    )
     parser.add_argument(
         "--tiny",
         action="store_true",

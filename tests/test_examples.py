@@ -398,3 +398,14 @@ def test_sinusoidal_2d_figure_is_checked_in_and_small():
     content = (DOCS / "sinusoidal_2d.png").read_bytes()
     assert content[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(content) < 200 * 1024
+
+
+def test_plot_encodings_writes_only_where_told(capsys):
+    """No default folder: the README's figures in docs/ change only with `--out docs`."""
+    plot_encodings = load_example("plot_encodings")
+    before = {path: path.stat().st_mtime_ns for path in DOCS.glob("*.png")}
+    with pytest.raises(SystemExit) as exit_:
+        plot_encodings.main([])
+    assert exit_.value.code == 2
+    assert "--out" in capsys.readouterr().err
+    assert {path: path.stat().st_mtime_ns for path in DOCS.glob("*.png")} == before
