@@ -2,8 +2,8 @@
 
 tf2onnx turns a rotation's channel swap into whole-tensor data movement (a Transpose,
 ReverseSequence and Transpose for the reshape-and-reverse form). The passes here find each
-rotation by the name scope `RotaryEmbedding` puts on its ops (`ROTATION_SCOPE` in
-`keras_posenc.rotary`), which survives into the ONNX node names, and rewrite it:
+rotation by the name scope `RotaryEmbedding` puts on its ops (`keras_posenc._scope`,
+defined once for the layer and this pass), which survives into the ONNX node names, and rewrite it:
 
 - `"fused"`: one `com.microsoft.RotaryEmbedding` node (onnxruntime's kernel, opset <= 22);
 - `"standard"`: the ONNX `RotaryEmbedding` of opset 23 (convert the model first, `to_opset`);
@@ -19,12 +19,12 @@ no 2^24-row cache is stored. The graph's inputs and outputs do not change.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from keras_posenc._scope import read_rotation_scope
 from keras_posenc.export.onnx_cse import merge_common_subexpressions
 from keras_posenc.export.onnx_graph import (
     Emitter,
@@ -60,7 +60,6 @@ FORMS = ("fused", "standard", "decomposed")
 MICROSOFT_DOMAIN = "com.microsoft"
 STANDARD_ROTARY_OPSET = 23
 
-_SCOPE = re.compile(r"posenc_rotation_(half|interleaved)_r(\d+)_s(\d+)_f(\d+)_b([01])(?:_\d+)?/")
 # Ops that only move or select values: the swap of a rotation is made of these.
 _MOVES = {
     "Reshape",
@@ -120,8 +119,8 @@ def find_rotations(proto: onnx.ModelProto) -> list[Rotation]:
     for graph in graphs(proto.graph):
         producers = _producers(graph)
         for node in graph.node:
-            match = _SCOPE.search(node.name)
-            if node.op_type != "Add" or match is None:
+            scope = read_rotation_scope(node.name)
+            if node.op_type != "Add" or scope is None:
                 continue
             muls = [producers.get(name) for name in node.input]
             if any(m is None or m.op_type != "Mul" for m in muls):
@@ -130,7 +129,6 @@ def find_rotations(proto: onnx.ModelProto) -> list[Rotation]:
             if found is None:
                 continue
             x, swap_mul, cos_table, sin_table = found
-            layout, rank, sequence_axis, feature_axis, per_batch = match.groups()
             rotations.append(
                 Rotation(
                     graph,
@@ -139,11 +137,11 @@ def find_rotations(proto: onnx.ModelProto) -> list[Rotation]:
                     x,
                     cos_table,
                     sin_table,
-                    layout,
-                    int(rank),
-                    int(sequence_axis),
-                    int(feature_axis),
-                    per_batch == "1",
+                    scope.layout,
+                    scope.rank,
+                    scope.sequence_axis,
+                    scope.feature_axis,
+                    scope.per_batch,
                 )
             )
     return rotations
