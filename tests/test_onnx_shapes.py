@@ -20,8 +20,8 @@ import tensorflow as tf
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_posenc import RotaryMultiHeadAttention, export
-from keras_posenc.export import onnx_passes, onnx_shapes
-from keras_posenc.export.onnx_shapes import SymbolicShapes
+from keras_posenc.export import onnx_passes
+from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -197,7 +197,7 @@ def test_a_reshape_to_a_computed_shape_takes_an_empty_axis_as_tensorflow_does():
         ],
         [_int64("length_batch", [1, 0]), _int64("width", [8]), _int64("copy_first", [0, -1])],
     )
-    assert onnx_shapes.literal_reshape_sizes(proto) == 1  # the literal 0 stays a copy
+    assert onnx_passes.literal_reshape_sizes(proto) == 1  # the literal 0 stays a copy
     onnx.checker.check_model(proto, full_check=True)
     for shape in [(3, 0, 8), (2, 5, 8)]:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

@@ -1,13 +1,18 @@
-"""Rewrites of a converted ONNX graph: fused RoPE, a lean decomposed RoPE, `Erfc`.
+"""The rotary pass: each rotation `RotaryEmbedding` marked, as a kernel or lean standard ops.
 
 tf2onnx turns a rotation's channel swap into whole-tensor data movement (a Transpose,
-ReverseSequence and Transpose for the reshape-and-reverse form). The passes here find each
-rotation by the name scope `RotaryEmbedding` puts on its ops (`keras_posenc._scope`,
-defined once for the layer and this pass), which survives into the ONNX node names, and rewrite it:
+ReverseSequence and Transpose for the reshape-and-reverse form). The layer puts each
+rotation's ops under a name scope (`keras_posenc._scope`, the one definition the layer
+and this pass share), which survives into the ONNX node names. The pass, in three steps:
 
-- `"fused"`: one `com.microsoft.RotaryEmbedding` node (onnxruntime's kernel, opset <= 22);
-- `"standard"`: the ONNX `RotaryEmbedding` of opset 23 (convert the model first, `to_opset`);
-- `"decomposed"`: standard ops only, the swap as a Split and a Concat along the channels.
+- find (`find_rotations`): every `Add` in a rotation scope that is `x·C + swap(x)·S`;
+- check (`check_rotations`): every rotation scope the graph holds was found, once (else
+  `RotationMismatch`: a rotation left as tf2onnx wrote it is slow, not wrong, but nothing
+  would say so), and which form each rotation can take (`kernel_fits`);
+- rewrite (`rewrite_rotations`, which runs all three and returns the count), as `form`:
+  - `"fused"`: one `com.microsoft.RotaryEmbedding` node (onnxruntime's kernel, opset <= 22);
+  - `"standard"`: the ONNX `RotaryEmbedding` of opset 23 (convert the model first);
+  - `"decomposed"`: standard ops only, the swap as a Split and a Concat along the channels.
 
 The rotation's rows are whatever the graph computed for this call (a slice of the cached
 table, the split-table path past it, the `If` between them for a runtime start, the switch
@@ -25,35 +30,29 @@ import onnx
 from onnx import helper
 
 from keras_posenc._scope import read_rotation_scope
-from keras_posenc.export.onnx_cse import merge_common_subexpressions
-from keras_posenc.export.onnx_graph import (
+from keras_posenc.export.onnx_passes.graph import (
     Emitter,
     default_opset,
     elem_type,
     graphs,
-    op_counts,
+    producers,
     rank,
     remove_unused_nodes,
     static_dim,
     tensor_info,
 )
-from keras_posenc.export.onnx_guards import hoist_guards
-from keras_posenc.export.onnx_shapes import literal_reshape_sizes
 
 __all__ = [
     "FORMS",
+    "MICROSOFT_DOMAIN",
+    "STANDARD_ROTARY_OPSET",
     "Rotation",
+    "RotationMismatch",
+    "check_rotations",
     "find_rotations",
-    "graphs",
-    "hoist_guards",
-    "merge_common_subexpressions",
-    "op_counts",
-    "optimized",
-    "remove_unused_nodes",
-    "replace_erfc",
+    "kernel_fits",
+    "marked_scopes",
     "rewrite_rotations",
-    "streamline",
-    "to_opset",
 ]
 
 FORMS = ("fused", "standard", "decomposed")
@@ -74,6 +73,13 @@ _MOVES = {
     "Identity",
     "Cast",
 }
+# The products and the sum of `x·C + swap(x)·S`: a scope holding one holds a rotation.
+_ARITHMETIC = {"Mul", "Add"}
+_KERNEL_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+
+
+class RotationMismatch(ValueError):
+    """The graph marks rotations that `find_rotations` does not find as rotations."""
 
 
 @dataclasses.dataclass
@@ -91,19 +97,19 @@ class Rotation:
     sequence_axis: int
     feature_axis: int
     per_batch: bool  # rows per batch row (positions of shape (batch, sequence))
+    scope: str = ""  # the node name up to the end of its rotation scope
 
 
-def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
-    return {name: node for node in graph.node for name in node.output}
+# -- find --------------------------------------------------------------------------------
 
 
-def _moved_from(name: str, producers: dict, depth: int = 12) -> set[str]:
+def _moved_from(name: str, made_by: dict, depth: int = 12) -> set[str]:
     """Every tensor `name` is made from through data-movement ops only (itself included)."""
     found, frontier = {name}, [name]
     for _ in range(depth):
         following = []
         for tensor in frontier:
-            node = producers.get(tensor)
+            node = made_by.get(tensor)
             if node is None or node.op_type not in _MOVES:
                 continue
             sources = node.input if node.op_type == "Concat" else node.input[:1]
@@ -117,15 +123,15 @@ def find_rotations(proto: onnx.ModelProto) -> list[Rotation]:
     """The rotations `RotaryEmbedding` marked in `proto`'s graphs."""
     rotations = []
     for graph in graphs(proto.graph):
-        producers = _producers(graph)
+        made_by = producers(graph)
         for node in graph.node:
             scope = read_rotation_scope(node.name)
             if node.op_type != "Add" or scope is None:
                 continue
-            muls = [producers.get(name) for name in node.input]
+            muls = [made_by.get(name) for name in node.input]
             if any(m is None or m.op_type != "Mul" for m in muls):
                 continue
-            found = _split_rotation(muls, producers)
+            found = _split_rotation(muls, made_by)
             if found is None:
                 continue
             x, swap_mul, cos_table, sin_table = found
@@ -142,33 +148,68 @@ def find_rotations(proto: onnx.ModelProto) -> list[Rotation]:
                     scope.sequence_axis,
                     scope.feature_axis,
                     scope.per_batch,
+                    scope.prefix,
                 )
             )
     return rotations
 
 
-def _split_rotation(muls, producers):
+def _split_rotation(muls, made_by):
     """`(x, swap_mul, C, S)` of `x·C + swap(x)·S`, or None if the Muls are not that."""
     for cos_mul, swap_mul in (muls, muls[::-1]):
         for i in (0, 1):
             for j in (0, 1):
                 x, swapped = cos_mul.input[i], swap_mul.input[j]
-                if swapped != x and x in _moved_from(swapped, producers):
+                if swapped != x and x in _moved_from(swapped, made_by):
                     return x, swap_mul, cos_mul.input[1 - i], swap_mul.input[1 - j]
     return None
 
 
-_KERNEL_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+# -- check -------------------------------------------------------------------------------
 
 
-def rewrite_rotations(proto: onnx.ModelProto, form: str = "fused") -> int:
-    """Rewrites every marked rotation of `proto` in place as `form`; returns how many.
+def marked_scopes(proto: onnx.ModelProto) -> list[tuple[int, str]]:
+    """`(graph number, scope)` of every rotation scope that still holds a `Mul` or `Add`.
 
-    `form` is one of `FORMS`. A rotation the kernel cannot take (channels not the last
-    axis, heads before the sequence axis in any arrangement but (batch, heads, sequence,
-    channels), or a float64 input) gets the decomposed form instead. `"standard"` needs a
-    model of opset `STANDARD_ROTARY_OPSET` or later (`to_opset`).
+    One per rotation the layers traced (TensorFlow makes a scope entered again unique). A
+    rotation rewritten as a kernel holds neither any more; one decomposed keeps both.
     """
+    found = {}
+    for number, graph in enumerate(graphs(proto.graph)):
+        for node in graph.node:
+            scope = read_rotation_scope(node.name)
+            if scope is not None and node.op_type in _ARITHMETIC and not node.domain:
+                found[(number, scope.prefix)] = None
+    return list(found)
+
+
+def check_rotations(proto: onnx.ModelProto, rotations: list[Rotation]) -> None:
+    """Raises `RotationMismatch` unless `rotations` are the marked scopes, one each."""
+    number = {id(graph): n for n, graph in enumerate(graphs(proto.graph))}
+    found = [(number[id(r.graph)], r.scope) for r in rotations]
+    marked = marked_scopes(proto)
+    if sorted(found) == sorted(marked):
+        return
+    missed = sorted(scope for _, scope in set(marked) - set(found))
+    raise RotationMismatch(
+        f"The graph marks {len(marked)} rotation(s) and {len(found)} were found as "
+        f"x·C + swap(x)·S; not found: {missed or 'none'}. tf2onnx wrote a rotation in a "
+        "form this pass does not know: it would be left as converted (correct, with the "
+        "whole-tensor swap). Report it with the model; rotary=None exports it as converted."
+    )
+
+
+def kernel_fits(rotation: Rotation, info: dict) -> bool:
+    """Whether a `RotaryEmbedding` kernel takes `rotation`: channels last, heads after the
+    sequence axis or (batch, heads, sequence, channels), a float32 / float16 input."""
+    return (
+        rotation.feature_axis == rotation.rank - 1
+        and (rotation.rank, rotation.sequence_axis) in ((3, 1), (4, 1), (4, 2))
+        and elem_type(info, rotation.x) in _KERNEL_TYPES
+    )
+
+
+def _check_form(proto: onnx.ModelProto, form: str) -> None:
     if form not in FORMS:
         raise ValueError(f"Unknown rotary form {form!r}; expected one of {FORMS}.")
     if form == "standard" and default_opset(proto) < STANDARD_ROTARY_OPSET:
@@ -181,18 +222,28 @@ def rewrite_rotations(proto: onnx.ModelProto, form: str = "fused") -> int:
             "onnxruntime's com.microsoft.RotaryEmbedding is for opsets below "
             f"{STANDARD_ROTARY_OPSET}; at opset {default_opset(proto)} use form='standard'."
         )
+
+
+# -- rewrite -----------------------------------------------------------------------------
+
+
+def rewrite_rotations(proto: onnx.ModelProto, form: str = "fused") -> int:
+    """Rewrites every marked rotation of `proto` in place as `form`; returns how many.
+
+    `form` is one of `FORMS`. A rotation the kernel cannot take (`kernel_fits`) gets the
+    decomposed form instead. `"standard"` needs a model of opset `STANDARD_ROTARY_OPSET`
+    or later (`onnx_passes.to_opset`). Raises `RotationMismatch` if a marked rotation is
+    not found (`check_rotations`).
+    """
+    _check_form(proto, form)
     rotations = find_rotations(proto)
+    check_rotations(proto, rotations)
     if not rotations:
         return 0
     info = tensor_info(proto)
     uses_kernel = False
     for rotation in rotations:
-        kernel_fits = (
-            rotation.feature_axis == rotation.rank - 1
-            and (rotation.rank, rotation.sequence_axis) in ((3, 1), (4, 1), (4, 2))
-            and elem_type(info, rotation.x) in _KERNEL_TYPES
-        )
-        if form != "decomposed" and kernel_fits:
+        if form != "decomposed" and kernel_fits(rotation, info):
             _fuse(proto, rotation, info, standard=form == "standard")
             uses_kernel = True
         else:
@@ -210,20 +261,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
     interleaved = rotation.layout == "interleaved"
     # The rows this call rotates with, one per (batch row,) position: (rows, rotary_dim).
     rows = [_row_table(emit, rotation, t, info) for t in (rotation.cos_table, rotation.sin_table)]
-    if interleaved:
-        # C repeats cos over each pair (c, c); S holds (-s, s).
-        cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [2**62], [1], [2]))])
-        sin = emit.op("Slice", [rows[1], *map(emit.constant, ([1], [2**62], [1], [2]))])
-    else:
-        # C is (cos, cos) along the channels, S is (-sin, sin).
-        width = static_dim(info, x, rotation.feature_axis)
-        if width is None:
-            cos = emit.split_halves(rows[0], 1)[0]
-            sin = emit.split_halves(rows[1], 1)[1]
-        else:  # a slice makes only the half it keeps
-            half = width // 2
-            cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [half], [1]))])
-            sin = emit.op("Slice", [rows[1], *map(emit.constant, ([half], [width], [1]))])
+    cos, sin = _kernel_halves(emit, rotation, rows, info)
     shape = emit.op("Shape", [x])
     if rotation.rank == 4 and rotation.sequence_axis == 1:
         # (batch, sequence, heads, channels) -> (batch, sequence, heads·channels): no copy.
@@ -232,25 +270,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
         kernel_input = x
     attributes = {"interleaved": int(interleaved)}
     if standard:
-        # Rows given per (batch, position), no position ids: (batch, sequence, rotary_dim / 2).
-        sequence = emit.op(
-            "Slice",
-            [
-                shape,
-                emit.constant([rotation.sequence_axis]),
-                emit.constant([rotation.sequence_axis + 1]),
-            ],
-        )
-        batch = emit.op("Slice", [shape, emit.constant([0]), emit.constant([1])])
-        row_shape = emit.op("Concat", [emit.constant([-1]), sequence, emit.constant([0])], axis=0)
-        full_shape = emit.op(
-            "Concat", [batch, sequence, emit.constant([1])], axis=0
-        )  # Expand broadcasts the 1 to rotary_dim / 2
-        caches = []
-        for table in (cos, sin):
-            leading = emit.op("Unsqueeze", [table, emit.constant([0])])
-            three = emit.op("Reshape", [leading, row_shape])
-            caches.append(emit.op("Expand", [three, full_shape]))
+        caches = _standard_caches(emit, rotation, shape, cos, sin)
         # A 3D input needs the number of heads: 1 for (batch, sequence, channels).
         if rotation.rank == 3:
             attributes["num_heads"] = 1
@@ -262,26 +282,7 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
             attributes["num_heads"] = heads
         rotated = emit.op("RotaryEmbedding", [kernel_input, *caches], **attributes)
     else:
-        if rotation.per_batch:
-            # Row b·sequence + i serves position i of batch row b.
-            sequence = emit.op(
-                "Slice",
-                [
-                    shape,
-                    emit.constant([rotation.sequence_axis]),
-                    emit.constant([rotation.sequence_axis + 1]),
-                ],
-            )
-            count = emit.op(
-                "Squeeze",
-                [emit.op("Slice", [emit.op("Shape", [rows[0]]), *map(emit.constant, ([0], [1]))])],
-            )
-            ids = emit.op("Range", [emit.constant(0), count, emit.constant(1)])
-            ids_shape = emit.op("Concat", [emit.constant([-1]), sequence], axis=0)
-            ids = emit.op("Reshape", [ids, ids_shape])
-        else:
-            # One id: the offset of the first position into the rows, which are this call's.
-            ids = emit.constant([0])
+        ids = _position_ids(emit, rotation, shape, rows[0])
         rotated = emit.op(
             "RotaryEmbedding", [kernel_input, ids, cos, sin], domain=MICROSOFT_DOMAIN, **attributes
         )
@@ -291,6 +292,61 @@ def _fuse(proto: onnx.ModelProto, rotation: Rotation, info: dict, standard: bool
         emit.nodes[-1].output[0] = output
     emit.insert_before(rotation.add)
     rotation.graph.node.remove(rotation.add)
+
+
+def _kernel_halves(emit: Emitter, rotation: Rotation, rows: list[str], info: dict):
+    """The kernel's `(cos, sin)` caches, `(rows, rotary_dim / 2)`, from the rows of C and S."""
+    if rotation.layout == "interleaved":
+        # C repeats cos over each pair (c, c); S holds (-s, s).
+        cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [2**62], [1], [2]))])
+        sin = emit.op("Slice", [rows[1], *map(emit.constant, ([1], [2**62], [1], [2]))])
+        return cos, sin
+    # C is (cos, cos) along the channels, S is (-sin, sin).
+    width = static_dim(info, rotation.x, rotation.feature_axis)
+    if width is None:
+        return emit.split_halves(rows[0], 1)[0], emit.split_halves(rows[1], 1)[1]
+    half = width // 2  # a slice makes only the half it keeps
+    cos = emit.op("Slice", [rows[0], *map(emit.constant, ([0], [half], [1]))])
+    sin = emit.op("Slice", [rows[1], *map(emit.constant, ([half], [width], [1]))])
+    return cos, sin
+
+
+def _sequence_length(emit: Emitter, rotation: Rotation, shape: str) -> str:
+    axis = rotation.sequence_axis
+    return emit.op("Slice", [shape, emit.constant([axis]), emit.constant([axis + 1])])
+
+
+def _standard_caches(emit: Emitter, rotation: Rotation, shape: str, cos: str, sin: str):
+    """The ONNX kernel's caches: rows per (batch, position), no position ids:
+    `(batch, sequence, rotary_dim / 2)`."""
+    sequence = _sequence_length(emit, rotation, shape)
+    batch = emit.op("Slice", [shape, emit.constant([0]), emit.constant([1])])
+    row_shape = emit.op("Concat", [emit.constant([-1]), sequence, emit.constant([0])], axis=0)
+    full_shape = emit.op(
+        "Concat", [batch, sequence, emit.constant([1])], axis=0
+    )  # Expand broadcasts the 1 to rotary_dim / 2
+    caches = []
+    for table in (cos, sin):
+        leading = emit.op("Unsqueeze", [table, emit.constant([0])])
+        three = emit.op("Reshape", [leading, row_shape])
+        caches.append(emit.op("Expand", [three, full_shape]))
+    return caches
+
+
+def _position_ids(emit: Emitter, rotation: Rotation, shape: str, rows: str) -> str:
+    """onnxruntime's kernel's position ids into `rows`, which are this call's."""
+    if not rotation.per_batch:
+        # One id: the offset of the first position into the rows.
+        return emit.constant([0])
+    # Row b·sequence + i serves position i of batch row b.
+    sequence = _sequence_length(emit, rotation, shape)
+    count = emit.op(
+        "Squeeze",
+        [emit.op("Slice", [emit.op("Shape", [rows]), *map(emit.constant, ([0], [1]))])],
+    )
+    ids = emit.op("Range", [emit.constant(0), count, emit.constant(1)])
+    ids_shape = emit.op("Concat", [emit.constant([-1]), sequence], axis=0)
+    return emit.op("Reshape", [ids, ids_shape])
 
 
 def _row_table(emit: Emitter, rotation: Rotation, table: str, info: dict) -> str:
@@ -342,82 +398,3 @@ def _decompose(proto: onnx.ModelProto, rotation: Rotation, info: dict) -> None:
     inputs = rotation.swap_mul.input
     index = 0 if inputs[0] != rotation.sin_table else 1
     inputs[index] = swapped
-
-
-def to_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """`proto` converted to `opset` by `onnx.version_converter` (for `form="standard"`)."""
-    from onnx import version_converter
-
-    return version_converter.convert_version(proto, opset)
-
-
-def replace_erfc(proto: onnx.ModelProto) -> int:
-    """Rewrites every `Erfc(x)` (which ONNX lacks) as `1 - Erf(x)`, in place; returns how many.
-
-    tf2onnx leaves `Erfc` from the exact `gelu` (`0.5·x·erfc(-x/√2)`). The difference
-    `1 - erf` loses erfc's relative precision where it is tiny, but not its absolute one
-    (float32 rounding of a value in [0, 2]), which is what the output carries.
-    """
-    info = None
-    count = 0
-    for graph in graphs(proto.graph):
-        for node in list(graph.node):
-            if node.op_type != "Erfc" or node.domain not in ("", "ai.onnx"):
-                continue
-            if info is None:
-                info = tensor_info(proto)
-            dtype = elem_type(info, node.input[0]) or onnx.TensorProto.FLOAT
-            emit = Emitter(proto, graph, node.name + "/erfc_")
-            one = emit.constant(1.0, helper.tensor_dtype_to_np_dtype(dtype))
-            emit.op("Sub", [one, emit.op("Erf", [node.input[0]])], list(node.output))
-            emit.insert_before(node)
-            graph.node.remove(node)
-            count += 1
-    return count
-
-
-def streamline(proto: onnx.ModelProto) -> None:
-    """The passes that follow the rotations' rewrite, in place (see `onnx_guards`, `onnx_cse`).
-
-    Reshapes to computed shapes take their sizes as TensorFlow does (`literal_reshape_sizes`:
-    an empty axis stays empty, and the sizes can be followed), a runtime choice of rows
-    loses its `Where` on the fast path, and what is computed twice (the same rows for the
-    queries and the keys, and for every block that sees the input's length) is computed once.
-    """
-    literal_reshape_sizes(proto)
-    # Merged first, so that a guard's conditions and its fast branch name the same tensors.
-    merge_common_subexpressions(proto)
-    hoist_guards(proto)
-    merge_common_subexpressions(proto)
-
-
-def optimized(
-    proto: onnx.ModelProto, rotary: str = "fused", opset: int | None = None
-) -> onnx.ModelProto:
-    """Every pass here on tf2onnx's `proto`: what `save_onnx(rotary=..., opset=...)` writes.
-
-    `Erfc` becomes `1 - Erf`; with `opset` of `STANDARD_ROTARY_OPSET` or later the model is
-    converted to it and `rotary="fused"` emits the ONNX `RotaryEmbedding`, below it
-    onnxruntime's `com.microsoft.RotaryEmbedding`; `rotary="decomposed"` keeps standard
-    ops; then `streamline`. The result passes `onnx.checker.check_model(full_check=True)`.
-
-    Args:
-        proto: the converted model (changed in place unless it is converted to `opset`).
-        rotary: `"fused"` or `"decomposed"`.
-        opset: the opset to write; None keeps the model's.
-
-    Returns:
-        The rewritten model.
-    """
-    if rotary not in ("fused", "decomposed"):
-        raise ValueError(f"Unknown rotary={rotary!r}; expected 'fused' or 'decomposed'.")
-    replace_erfc(proto)
-    if opset is not None and opset != default_opset(proto):
-        proto = to_opset(proto, opset)
-    form = rotary
-    if rotary == "fused" and default_opset(proto) >= STANDARD_ROTARY_OPSET:
-        form = "standard"
-    rewrite_rotations(proto, form)
-    streamline(proto)
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
