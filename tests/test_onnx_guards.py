@@ -24,12 +24,9 @@ from keras_posenc.frequencies import MAX_POSITIONS
 
 WIDTH = 16
 
-_session = hand_built.session
-_both_runtimes = hand_built.both_runtimes
-_model = hand_built.model
-_float = hand_built.float_info
-_constant = hand_built.constant
-_if = hand_built.if_node
+# The names the tests were written with, for the builders and runtimes of `hand_built`.
+_session, _both_runtimes, _model = hand_built.session, hand_built.both_runtimes, hand_built.model
+_float, _constant, _if = hand_built.float_info, hand_built.constant, hand_built.if_node
 
 
 def _guarded_graph(nan_shape=()):
