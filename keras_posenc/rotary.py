@@ -27,6 +27,7 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_max_wavelength,
 )
+from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
 from keras_posenc.positions import position_rows, static_dim
@@ -40,8 +41,6 @@ from keras_posenc.rope_scaling import (
 )
 
 LAYOUTS = ("half", "interleaved")
-# The name scope of the rotation's ops (what `keras_posenc.export.onnx_passes` looks for).
-ROTATION_SCOPE = "posenc_rotation_{layout}_r{rank}_s{sequence_axis}_f{feature_axis}_b{per_batch}"
 _EARLY_CHECK_DIM = 2**14
 _LIMIT_HINT = "the rotation is exact only below that."
 
@@ -349,13 +348,9 @@ class RotaryEmbedding(keras.layers.Layer):
         cos_table, sin_table, per_batch = tables
         rank = inputs.shape.rank
         wide = _tf.accumulation_dtype(inputs.dtype)
-        # keras_posenc.export.onnx_passes finds the rotation by this name scope on its ONNX nodes.
-        marker = ROTATION_SCOPE.format(
-            layout=self.layout,
-            rank=rank,
-            sequence_axis=self._sequence_axis,
-            feature_axis=self._feature_axis,
-            per_batch=int(per_batch),
+        # The ONNX passes find the rotation by this name scope on its nodes (`_scope`).
+        marker = rotation_scope(
+            self.layout, rank, self._sequence_axis, self._feature_axis, per_batch
         )
 
         def rotate(x):

@@ -1,4 +1,5 @@
-"""Hand-built ONNX graphs for the tests of the graph passes: one checked model builder."""
+"""Hand-built ONNX graphs for the tests of the graph passes: one checked model builder,
+the pieces such graphs are made of, and the runtimes they are run in."""
 
 from __future__ import annotations
 
@@ -19,3 +20,46 @@ def model(nodes, inputs, outputs, initializers=(), opset: int = 17) -> onnx.Mode
 def int64(name: str, value) -> onnx.TensorProto:
     """An int64 initializer named `name`."""
     return numpy_helper.from_array(np.asarray(value, np.int64), name)
+
+
+def float_info(name: str, shape=None) -> onnx.ValueInfoProto:
+    """A float32 graph input or output named `name`."""
+    return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+
+
+def constant(name: str, value, dtype=np.float32) -> onnx.TensorProto:
+    """An initializer named `name` (float32 unless `dtype` says otherwise)."""
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def if_node(condition, output, then_nodes, then_output, else_nodes, else_output, name):
+    """`If(condition)` with float32 branches of `then_nodes` and `else_nodes`."""
+    return helper.make_node(
+        "If",
+        [condition],
+        [output],
+        name=name,
+        then_branch=helper.make_graph(then_nodes, name + "_then", [], [float_info(then_output)]),
+        else_branch=helper.make_graph(else_nodes, name + "_else", [], [float_info(else_output)]),
+    )
+
+
+def session(proto: onnx.ModelProto):
+    """An onnxruntime CPU session of `proto`, quiet."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def both_runtimes(proto: onnx.ModelProto, feeds: dict, reference: bool = True) -> list:
+    """The outputs of onnxruntime and (with `reference`) of ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    outputs = [session(proto).run(None, feeds)]
+    if reference:
+        outputs.append(ReferenceEvaluator(proto).run(None, feeds))
+    return outputs

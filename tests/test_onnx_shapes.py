@@ -1,4 +1,4 @@
-"""Symbolic sizes (`onnx_shapes`) and the merges of `onnx_cse` that rest on them.
+"""Symbolic sizes (`onnx_passes.shapes`, `values`, `sizes`) and the merges of `cse` on them.
 
 A proof of equal shapes lets every block of a model share one row lookup; a wrong proof
 would give a block another length's rows. So each rule is checked both ways: sizes that
@@ -16,12 +16,11 @@ import keras
 import numpy as np
 import onnx
 import onnxruntime as ort
-import tensorflow as tf
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_posenc import RotaryMultiHeadAttention, export
-from keras_posenc.export import onnx_passes, onnx_shapes
-from keras_posenc.export.onnx_shapes import SymbolicShapes
+from keras_posenc.export import onnx_passes
+from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -176,33 +175,3 @@ def test_a_chain_deeper_than_python_recursion_merges_its_shapes():
     assert onnx_passes.op_counts(proto)["Shape"] == 1
     (shapes,) = _run(proto, {"x": np.ones((3, 4), np.float32)})
     assert shapes.tolist() == [3, 4, 3, 4]
-
-
-def test_a_reshape_to_a_computed_shape_takes_an_empty_axis_as_tensorflow_does():
-    # (b, s, 8) -> (s, b, 8), the sizes read from the input: with s = 0 ONNX's default
-    # (allowzero=0) copies b into the 0 and fails; TensorFlow reshapes to (0, b, 8).
-    nodes = [
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Gather", ["shape", "length_batch"], ["swapped"]),
-        helper.make_node("Concat", ["swapped", "width"], ["target"], axis=0),
-        helper.make_node("Reshape", ["x", "target"], ["computed"]),
-        helper.make_node("Reshape", ["x", "copy_first"], ["copied"]),
-    ]
-    proto = _model(
-        nodes,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
-        [
-            helper.make_tensor_value_info("computed", TensorProto.FLOAT, [None] * 3),
-            helper.make_tensor_value_info("copied", TensorProto.FLOAT, [None] * 2),
-        ],
-        [_int64("length_batch", [1, 0]), _int64("width", [8]), _int64("copy_first", [0, -1])],
-    )
-    assert onnx_shapes.literal_reshape_sizes(proto) == 1  # the literal 0 stays a copy
-    onnx.checker.check_model(proto, full_check=True)
-    for shape in [(3, 0, 8), (2, 5, 8)]:
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-        computed, copied = _run(proto, {"x": x})
-        expected = tf.reshape(x, (shape[1], shape[0], 8)).numpy()
-        assert computed.shape == expected.shape
-        np.testing.assert_array_equal(computed, expected)
-        assert copied.shape == (shape[0], shape[1] * 8)

@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_posenc.export import onnx_passes
-from keras_posenc.export.onnx_shapes import SymbolicShapes
+from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
 
 _INT64_MAX = 2**63 - 1
 

@@ -13,9 +13,10 @@ rows, and reports, per case, the largest absolute and relative error of each run
 against Keras and each runtime's median latency.
 
 One module per concern: `signature` (the serving function), `precision`, `files` (whole
-or nothing), `saved_model`, `onnx_export`, `litert`, `coverage` (what is verified),
-`verify` and `report`; `cli` and `encoders` are the export job (`python -m export`,
-`keras-posenc-export`). Every public name is importable from here.
+or nothing), `saved_model`, `onnx_export` (its graph passes: `onnx_passes`), `litert`,
+`coverage` (what is verified), `verify` and `report`; `cli` and `encoders` are the
+export job (`python -m export`, `keras-posenc-export`). Every public name is importable
+from here.
 
 Example:
 
@@ -64,11 +65,11 @@ from keras_posenc.export.onnx_export import (
     DEFAULT_OPSET,
     GRAPH_PASSES,
     SUPPORTED_OPSETS,
-    dedupe_constants,
     onnx_constant_bytes,
     onnx_model,
     save_onnx,
 )
+from keras_posenc.export.onnx_passes import dedupe_constants
 from keras_posenc.export.precision import (
     BFLOAT16_CHOICES,
     compute_dtypes,

@@ -1,10 +1,12 @@
-"""ONNX: the serving function converted by tf2onnx, its constants merged, checked."""
+"""ONNX: the serving function converted by tf2onnx, rewritten by `onnx_passes`, checked.
+
+The TensorFlow half of the ONNX export: the graph passes themselves import no TensorFlow.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -16,7 +18,8 @@ from keras_posenc import _tf
 from keras_posenc.export import onnx_passes
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import whole_or_nothing
-from keras_posenc.export.onnx_graph import graphs
+from keras_posenc.export.onnx_passes.constants import dedupe_constants
+from keras_posenc.export.onnx_passes.graph import graphs
 from keras_posenc.export.precision import exportable_model
 from keras_posenc.export.quiet import converter_output
 from keras_posenc.export.signature import (
@@ -226,62 +229,6 @@ def _name_dynamic_axes(proto) -> None:
         for axis, name in enumerate(("batch", "sequence")[: len(dims)]):
             if not dims[axis].HasField("dim_value"):
                 dims[axis].dim_param = name
-
-
-def dedupe_constants(proto) -> None:
-    """Removes the duplicated constants tf2onnx leaves, in place.
-
-    - `Shape` of an initializer becomes an initializer: tf2onnx keeps each einsum kernel
-      a second time, reshaped, only to read its shape;
-    - identical initializers, in any subgraph, become one initializer of the main graph,
-      which subgraphs read by name: every traced use of a host position table is its own
-      constant, inside the branches of an `If`;
-    - initializers nothing reads are removed.
-    """
-    from onnx import numpy_helper
-
-    every_graph = list(graphs(proto.graph))
-    initializers = {i.name: i for g in every_graph for i in g.initializer}
-    for graph in every_graph:
-        for node in list(graph.node):
-            if node.op_type == "Shape" and node.input[0] in initializers:
-                dims = list(initializers[node.input[0]].dims)
-                bounds = {a.name: a.i for a in node.attribute}
-                shape = dims[bounds.get("start", 0) : bounds.get("end", len(dims))]
-                graph.node.remove(node)
-                graph.initializer.append(
-                    numpy_helper.from_array(np.array(shape, np.int64), node.output[0])
-                )
-
-    canonical: dict[tuple, str] = {}
-    renamed: dict[str, str] = {}
-    for graph in every_graph:
-        # A subgraph must produce its outputs itself: constants it returns stay where they are.
-        returned = {o.name for o in graph.output}
-        for initializer in list(graph.initializer):
-            if initializer.name in returned:
-                continue
-            value = numpy_helper.to_array(initializer)
-            key = (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
-            if key in canonical:
-                renamed[initializer.name] = canonical[key]
-                graph.initializer.remove(initializer)
-            else:
-                canonical[key] = initializer.name
-                if graph is not proto.graph:
-                    graph.initializer.remove(initializer)
-                    proto.graph.initializer.append(initializer)
-    for graph in every_graph:
-        for node in graph.node:
-            for index, name in enumerate(node.input):
-                node.input[index] = renamed.get(name, name)
-
-    read = {name for g in every_graph for node in g.node for name in node.input}
-    for graph in every_graph:
-        returned = {o.name for o in graph.output}
-        for initializer in list(graph.initializer):
-            if initializer.name not in read | returned:
-                graph.initializer.remove(initializer)
 
 
 def onnx_constant_bytes(proto_or_path) -> int:

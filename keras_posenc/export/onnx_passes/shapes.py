@@ -8,7 +8,7 @@ follow, an `If`'s outputs for instance), and so does each element of a small int
 (a shape being computed: `Shape`, `Gather`, `Concat`, `ReduceProd`, ...). Two tensors whose
 axes have equal monomials have equal shapes at any input on which the graph runs: the rules
 below are those of the ops' definitions, and broadcasting merges two sizes only when one is
-1 or both are the same monomial. `onnx_cse` merges `Shape(a)` and `Shape(b)` on that proof.
+1 or both are the same monomial. `cse` merges `Shape(a)` and `Shape(b)` on that proof.
 """
 
 from __future__ import annotations
@@ -21,20 +21,22 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from keras_posenc.export.onnx_sizes import (
+from keras_posenc.export.onnx_passes.sizes import (
     ONE,
     Size,
     Value,
-    ValueRules,
     constant_value,
     product,
     quotient,
     slice_indices,
+    zero_only_with,
 )
+from keras_posenc.export.onnx_passes.values import ShapeValues
 
-__all__ = ["SymbolicShapes", "constant_value", "literal_reshape_sizes"]
+__all__ = ["SHAPE_FROM_SHAPES", "SHAPE_FROM_VALUES", "SymbolicShapes", "constant_value"]
 
-_SAME_SHAPE = {
+# Ops whose first output has the shape of their first input.
+SAME_SHAPE = {
     *"Abs Neg Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Cast Identity Not Sin Cos".split(),
     *"Floor Ceil Round Sign Softmax LogSoftmax Gelu Elu LeakyRelu HardSigmoid IsNaN".split(),
     *"IsInf Softplus Softsign HardSwish Mish Selu Celu ThresholdedRelu Clip".split(),
@@ -42,15 +44,32 @@ _SAME_SHAPE = {
     "RMSNormalization",
     "RotaryEmbedding",
 }
-_BROADCAST = {
+# Ops whose output has the broadcast shape of their inputs.
+BROADCAST = {
     *"Add Sub Mul Div Pow Max Min Mod Equal Less Greater LessOrEqual GreaterOrEqual".split(),
     *"And Or Xor Where PRelu BitShift Sum Mean".split(),
 }
 # Ops of onnxruntime's domain whose first output has the shape of their first input.
 _MICROSOFT_SAME_SHAPE = {"RotaryEmbedding", "FastGelu", "BiasGelu", "Gelu", "QuickGelu"}
+# Ops (ONNX domain) whose output shapes follow from their attributes and the shapes of
+# their inputs alone: two such nodes of equal attributes on inputs of equal shapes make
+# outputs of equal shapes (what `cse` proves where the axes' sizes are not known).
+SHAPE_FROM_SHAPES = {
+    *SAME_SHAPE,
+    *BROADCAST,
+    *"MatMul Gemm Transpose Gather Einsum Concat GlobalAveragePool GlobalMaxPool".split(),
+}
+# ...and those whose output shape also follows from the values of these inputs.
+SHAPE_FROM_VALUES = {
+    "Reshape": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Expand": (1,),
+}
 
 
-class SymbolicShapes(ValueRules):
+class SymbolicShapes:
     """Sizes of the axes (`dims`) and of small integer values (`value`) of a graph's tensors.
 
     Args:
@@ -70,7 +89,7 @@ class SymbolicShapes(ValueRules):
         self.constant = constant
         self.input_type = input_type
         self._dims: dict[str, tuple[Size, ...] | None] = {}
-        self._values: dict[str, Value | None] = {}
+        self._values = ShapeValues(self)
         self._fresh = itertools.count()
 
     @classmethod
@@ -85,6 +104,10 @@ class SymbolicShapes(ValueRules):
             return constant_value(tensor, initializers, producers)
 
         return cls(producers.get, constant, inputs.get)
+
+    def value(self, tensor: str) -> Value | None:
+        """`(shape, elements)` of a small integer tensor whose elements are sizes, or None."""
+        return self._values.value(tensor)
 
     def fresh(self) -> Size:
         return 1, (("fresh", next(self._fresh)),)
@@ -129,9 +152,9 @@ class SymbolicShapes(ValueRules):
             return self.dims(inputs[0]) if op in _MICROSOFT_SAME_SHAPE and index == 0 else None
         if node.domain not in ("", "ai.onnx"):
             return None
-        if op in _SAME_SHAPE:
+        if op in SAME_SHAPE:
             return self.dims(inputs[0]) if index == 0 else None
-        if op in _BROADCAST:
+        if op in BROADCAST:
             return self._broadcast([self.dims(i) for i in inputs if i])
         value = self.value(node.output[index])
         if value is not None:  # a shape being computed: its own shape is known too
@@ -157,9 +180,9 @@ class SymbolicShapes(ValueRules):
             perm = attributes.get("perm", list(range(len(x)))[::-1])
             return tuple(x[p] for p in perm)
         if op == "Reshape":
-            return self._reshape(inputs, attributes)
+            return self.reshape_dims(inputs, attributes)
         if op in ("Squeeze", "Unsqueeze"):
-            return self._squeeze(op, inputs, attributes)
+            return self.squeeze_dims(op, inputs, attributes)
         if op == "Slice":
             return self._slice(inputs)
         if op == "Concat":
@@ -203,7 +226,8 @@ class SymbolicShapes(ValueRules):
                 out.append(self.fresh())
         return tuple(out)
 
-    def _reshape(self, inputs, attributes):
+    def reshape_dims(self, inputs, attributes):
+        """The axes of `Reshape(*inputs)` (also of a shape being computed, for `values`)."""
         x, target = self.dims(inputs[0]), self.value(inputs[1])
         if target is None or len(target[0]) != 1:
             return None
@@ -216,7 +240,7 @@ class SymbolicShapes(ValueRules):
                 out.append(size)
             elif x is None or axis >= len(x):
                 return None
-            elif size == (0, ()) or _zero_only_with(size, x[axis]):
+            elif size == (0, ()) or zero_only_with(size, x[axis]):
                 # A 0 copies the input's axis (allowzero=0): a size that can be 0 only
                 # when that axis is 0 comes out the same either way.
                 out.append(x[axis] if size == (0, ()) else size)
@@ -240,7 +264,8 @@ class SymbolicShapes(ValueRules):
             return sorted(a % rank for a in attributes["axes"])
         return None
 
-    def _squeeze(self, op: str, inputs, attributes):
+    def squeeze_dims(self, op: str, inputs, attributes):
+        """The axes of `Squeeze` / `Unsqueeze(*inputs)` (also for `values`)."""
         x = self.dims(inputs[0])
         if x is None:
             return None
@@ -358,36 +383,3 @@ class SymbolicShapes(ValueRules):
             found = sizes.get(letter, set()) - {ONE}
             out.append(found.pop() if len(found) == 1 else (ONE if not found else self.fresh()))
         return tuple(out)
-
-
-def _zero_only_with(size: Size, axis: Size) -> bool:
-    """Whether `size` (a product of sizes, not 0) is 0 only where `axis` is: every symbol
-    of `size` is a factor of `axis`."""
-    return bool(size[0]) and set(size[1]) <= set(axis[1])
-
-
-def literal_reshape_sizes(proto: onnx.ModelProto) -> int:
-    """Makes each `Reshape` to a computed shape take its sizes as they are; returns how many.
-
-    tf2onnx writes TensorFlow's reshapes with `allowzero=0`, where a size that is 0 at run
-    time copies the input's axis; TensorFlow's reshape (and Keras) takes the 0. A target
-    computed from shapes (no literal 0 in it, which would be tf2onnx's own "copy") gets
-    `allowzero=1`: the same for every non-empty axis, Keras's answer for an empty one, and
-    sizes that `SymbolicShapes` can follow. Main graph only; opset 14 and later.
-    """
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 14:
-        return 0
-    shapes = SymbolicShapes.of_graph(proto.graph)
-    changed = 0
-    for node in proto.graph.node:
-        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
-            continue
-        if any(a.name == "allowzero" and a.i for a in node.attribute):
-            continue
-        target = shapes.value(node.input[1])
-        if target is None or (0, ()) in target[1] or all(not s[1] for s in target[1]):
-            continue
-        node.attribute.extend([helper.make_attribute("allowzero", 1)])
-        changed += 1
-    return changed

@@ -1,7 +1,13 @@
-"""Small tools for rewriting ONNX graphs in place (used by `keras_posenc.onnx_passes`)."""
+"""Small tools for rewriting ONNX graphs in place, shared by the passes of `onnx_passes`.
+
+Nothing here knows a pass: graphs and their subgraphs, who makes a tensor, what it holds
+(`tensor_info`, `tensor_key`), names for new nodes (`Emitter`) and the removal of what
+nothing reads.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,11 +20,28 @@ def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from graphs(subgraph)
+            for subgraph in subgraphs(attribute):
+                yield from graphs(subgraph)
+
+
+def subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The graphs an attribute holds (none, one or several)."""
+    if attribute.type == onnx.AttributeProto.GRAPH:
+        return [attribute.g]
+    if attribute.type == onnx.AttributeProto.GRAPHS:
+        return list(attribute.graphs)
+    return []
+
+
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """The node of `graph` (not of its subgraphs) that makes each tensor."""
+    return {name: node for node in graph.node for name in node.output}
+
+
+def tensor_key(tensor: onnx.TensorProto) -> tuple:
+    """Equal for tensors of equal type, shape and value (whatever their names)."""
+    value = numpy_helper.to_array(tensor)
+    return (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
 
 
 class Emitter:

@@ -12,7 +12,7 @@ from the rows) and across the blocks of a model, which each read the length anew
   reads do), so two `If` nodes on one condition with equal branches are one;
 - `Constant` nodes and initializers of equal type, shape and value are one tensor;
 - `Shape(a)` and `Shape(b)` are one node when `a` and `b` provably have the same shape:
-  every axis has the same symbolic size (`onnx_shapes`: the queries of every block of an
+  every axis has the same symbolic size (`shapes`: the queries of every block of an
   encoder are `(batch, length, heads, head_dim)` of the input's batch and length), or
   both are made by the same op with the same attributes from inputs of the same shapes
   (and the same values, for the inputs that set an output's shape: a `Reshape`'s target,
@@ -24,13 +24,20 @@ and nothing random (or holding a random node, or of a domain not known to be pur
 
 from __future__ import annotations
 
-import hashlib
-
 import onnx
-from onnx import numpy_helper
 
-from keras_posenc.export.onnx_graph import graphs, remove_unused_nodes
-from keras_posenc.export.onnx_shapes import SymbolicShapes, constant_value
+from keras_posenc.export.onnx_passes.graph import (
+    graphs,
+    remove_unused_nodes,
+    subgraphs,
+    tensor_key,
+)
+from keras_posenc.export.onnx_passes.shapes import (
+    SHAPE_FROM_SHAPES,
+    SHAPE_FROM_VALUES,
+    SymbolicShapes,
+    constant_value,
+)
 
 __all__ = ["merge_common_subexpressions"]
 
@@ -45,23 +52,6 @@ _RANDOM = {
 }
 # Domains whose ops compute functions of their inputs (no state, no side effects).
 _DOMAINS = {"", "ai.onnx", "com.microsoft"}
-# Ops of the ONNX domain whose output shapes follow from their attributes and the shapes
-# of their inputs alone.
-_SHAPE_FROM_SHAPES = {
-    *"Abs Neg Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Cast Identity Not Sin Cos".split(),
-    *"Floor Ceil Round Sign Softmax LogSoftmax Gelu Elu LeakyRelu HardSigmoid".split(),
-    *"Add Sub Mul Div Pow Max Min Mod Equal Less Greater LessOrEqual GreaterOrEqual".split(),
-    *"And Or Xor Where MatMul Gemm Transpose Gather Einsum Concat GlobalAveragePool".split(),
-    "LayerNormalization",
-}
-# ...and those whose output shape also follows from the values of these inputs.
-_SHAPE_FROM_VALUES = {
-    "Reshape": (1,),
-    "Squeeze": (1,),
-    "Unsqueeze": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Expand": (1,),
-}
 
 
 class _Merger:
@@ -98,7 +88,7 @@ class _Merger:
         for initializer in list(graph.initializer):
             if initializer.name in overridable:
                 continue  # a default: the input can be fed another value and shape
-            key = _tensor_key(initializer)
+            key = tensor_key(initializer)
             self.constant_shapes[initializer.name] = tuple(initializer.dims)
             self.initializers[initializer.name] = initializer
             if initializer.name in returned:
@@ -112,7 +102,7 @@ class _Merger:
         for node in list(graph.node):
             node.input[:] = [self.name(i) for i in node.input]
             for attribute in node.attribute:
-                for subgraph in _subgraphs(attribute):
+                for subgraph in subgraphs(attribute):
                     self.graph(subgraph)
             key = self.node_key(node) if _mergeable(node) else None
             keep = key is None or key not in self.seen or any(o in returned for o in node.output)
@@ -162,7 +152,7 @@ class _Merger:
         if attribute.type == onnx.AttributeProto.GRAPHS:
             return tuple(self.graph_key(g) for g in attribute.graphs)
         if attribute.type == onnx.AttributeProto.TENSOR:
-            return _tensor_key(attribute.t)
+            return tensor_key(attribute.t)
         copy = onnx.AttributeProto()
         copy.CopyFrom(attribute)
         copy.ClearField("doc_string")
@@ -179,7 +169,7 @@ class _Merger:
         for position, value in enumerate(graph.input):
             local[value.name] = self.intern(("input", position, value.type.SerializeToString()))
         for initializer in graph.initializer:
-            local[initializer.name] = self.intern(("constant", _tensor_key(initializer)))
+            local[initializer.name] = self.intern(("constant", tensor_key(initializer)))
         for node in graph.node:
             inputs = tuple(("local", local[i]) if i in local else i for i in node.input)
             attributes = tuple(sorted((a.name, self.attribute_key(a)) for a in node.attribute))
@@ -203,8 +193,8 @@ class _Merger:
             key = ("constant", self.constant_shapes[tensor])
         elif tensor in self.producers:
             node, index = self.producers[tensor]
-            values = _SHAPE_FROM_VALUES.get(node.op_type, ())
-            if node.domain or node.op_type not in _SHAPE_FROM_SHAPES | set(_SHAPE_FROM_VALUES):
+            values = SHAPE_FROM_VALUES.get(node.op_type, ())
+            if node.domain or node.op_type not in SHAPE_FROM_SHAPES | set(SHAPE_FROM_VALUES):
                 key = ("tensor", tensor)
             elif node.op_type == "Constant":
                 key = ("tensor", tensor)
@@ -232,17 +222,9 @@ def _mergeable(node: onnx.NodeProto) -> bool:
     return all(
         _mergeable(inner)
         for attribute in node.attribute
-        for subgraph in _subgraphs(attribute)
+        for subgraph in subgraphs(attribute)
         for inner in subgraph.node
     )
-
-
-def _subgraphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
-    if attribute.type == onnx.AttributeProto.GRAPH:
-        return [attribute.g]
-    if attribute.type == onnx.AttributeProto.GRAPHS:
-        return list(attribute.graphs)
-    return []
 
 
 def _names_unique(graph: onnx.GraphProto) -> bool:
@@ -257,11 +239,6 @@ def _names_unique(graph: onnx.GraphProto) -> bool:
                 return False
             seen.add(name)
     return True
-
-
-def _tensor_key(tensor: onnx.TensorProto) -> tuple:
-    value = numpy_helper.to_array(tensor)
-    return (value.dtype.str, value.shape, hashlib.sha256(value.tobytes()).hexdigest())
 
 
 def merge_common_subexpressions(proto: onnx.ModelProto) -> int:

@@ -1,88 +1,35 @@
-"""Sizes as monomials, and the values of the small integer tensors that compute shapes.
-
-The arithmetic of `onnx_shapes`: a size is `c * a * b ...` (a coefficient and the sorted
-symbols it multiplies), and a small integer tensor (`Shape(x)`, a `Gather` of it, a
-`Concat` of such, their `ReduceProd`) is its shape and its elements, each a size.
+"""The values of the small integer tensors that compute shapes (`Shape(x)`, a `Gather` of
+it, a `Concat` of such, their `ReduceProd`, ...), each element a size (`sizes`).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-__all__ = [
-    "ONE",
-    "Size",
-    "Value",
-    "ValueRules",
-    "constant_value",
-    "product",
-    "quotient",
-    "slice_indices",
-]
+from keras_posenc.export.onnx_passes.sizes import INT32_LIMIT, Value, product, slice_indices
 
-Size = tuple[int, tuple]
-Value = tuple[tuple[int, ...], tuple[Size, ...]]  # a small integer tensor: shape, elements
+if TYPE_CHECKING:  # the class that owns these values and gives them the axes of tensors
+    from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
 
-ONE: Size = (1, ())
-_INT32_LIMIT = 2**31
+__all__ = ["ShapeValues"]
+
 _SMALL = 64  # integer constants up to this many elements are followed as values
 
 
-def constant_value(
-    tensor: str,
-    initializers: dict[str, onnx.TensorProto],
-    producers: dict[str, tuple[onnx.NodeProto, int]],
-) -> np.ndarray | None:
-    """The value of an initializer or of a `Constant` node's `value`, else None."""
-    if tensor in initializers:
-        return numpy_helper.to_array(initializers[tensor])
-    node = producers.get(tensor, (None,))[0]
-    if node is not None and node.op_type == "Constant" and not node.domain:
-        for attribute in node.attribute:
-            if attribute.name == "value":
-                return numpy_helper.to_array(attribute.t)
-    return None
+class ShapeValues:
+    """The values of the small integer tensors of one graph, for its `SymbolicShapes`.
 
+    The two recurse into each other: a `Reshape`'s axes follow from the value of its
+    target, and the value of a reshaped shape from the axes rule of `Reshape`, which
+    `shapes` gives (`reshape_dims`, `squeeze_dims`, with `dims`, `producer`, `constant`).
+    """
 
-def slice_indices(start: int, end: int, step: int, size: int) -> range | None:
-    """The indices ONNX's `Slice` takes from an axis of `size` (its clamping, not Python's)."""
-    if step == 0:
-        return None
-    start += size if start < 0 else 0
-    end += size if end < 0 else 0
-    if step > 0:
-        start, end = min(max(start, 0), size), min(max(end, 0), size)
-    else:
-        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
-    return range(start, end, step)
-
-
-def product(sizes) -> Size:
-    coefficient, symbols = 1, ()
-    for c, s in sizes:
-        coefficient *= c
-        symbols += s
-    return coefficient, tuple(sorted(symbols))
-
-
-def quotient(numerator: Size, denominator: Size) -> Size | None:
-    """`numerator / denominator` as a monomial, or None when it is not one."""
-    (c, symbols), (d, divisors) = numerator, denominator
-    if d == 0 or c % d:
-        return None
-    left = list(symbols)
-    for symbol in divisors:
-        if symbol not in left:
-            return None
-        left.remove(symbol)
-    return c // d, tuple(left)
-
-
-class ValueRules:
-    """The values of small integer tensors: a mixin of `SymbolicShapes`, which gives the
-    `producer` and `constant` lookups, the `dims` of a tensor and the `_values` memo."""
+    def __init__(self, shapes: SymbolicShapes):
+        self.shapes = shapes
+        self._values: dict[str, Value | None] = {}
 
     def value(self, tensor: str) -> Value | None:
         """`(shape, elements)` of a small integer tensor whose elements are sizes, or None."""
@@ -92,12 +39,12 @@ class ValueRules:
         return self._values[tensor]
 
     def _find_value(self, tensor: str) -> Value | None:
-        array = self.constant(tensor)
+        array = self.shapes.constant(tensor)
         if array is not None:
             if array.dtype.kind not in "iu" or array.size > _SMALL:
                 return None
             return tuple(array.shape), tuple((int(v), ()) for v in array.reshape(-1))
-        made = self.producer(tensor)
+        made = self.shapes.producer(tensor)
         if made is None:
             return None
         node, index = made
@@ -106,7 +53,7 @@ class ValueRules:
         op, inputs = node.op_type, list(node.input)
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if op == "Shape":
-            x = self.dims(inputs[0])
+            x = self.shapes.dims(inputs[0])
             if x is None:
                 return None
             start, end = attributes.get("start", 0), attributes.get("end", len(x))
@@ -123,9 +70,9 @@ class ValueRules:
             # The output's shape from the input's (not `dims` of the output, which asks
             # for this value first).
             shape = (
-                self._reshape(inputs, attributes)
+                self.shapes.reshape_dims(inputs, attributes)
                 if op == "Reshape"
-                else self._squeeze(op, inputs, attributes)
+                else self.shapes.squeeze_dims(op, inputs, attributes)
             )
             if shape is None or any(s[1] for s in shape):
                 return None
@@ -154,7 +101,7 @@ class ValueRules:
         return None
 
     def _gather_value(self, inputs, attributes):
-        data, indices = self.value(inputs[0]), self.constant(inputs[1])
+        data, indices = self.value(inputs[0]), self.shapes.constant(inputs[1])
         if data is None or indices is None or len(data[0]) != 1 or attributes.get("axis", 0):
             return None
         count = data[0][0]
@@ -170,7 +117,7 @@ class ValueRules:
         if given is None or to not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
             return None
         if to == onnx.TensorProto.INT32 and any(
-            len(symbols) > 1 or not -_INT32_LIMIT <= c < _INT32_LIMIT for c, symbols in given[1]
+            len(symbols) > 1 or not -INT32_LIMIT <= c < INT32_LIMIT for c, symbols in given[1]
         ):
             return None
         return given
@@ -178,7 +125,7 @@ class ValueRules:
     def _slice_value(self, inputs):
         data = self.value(inputs[0])
         names = (inputs[1:] + [""] * 4)[:4]
-        bounds = [self.constant(i) if i else None for i in names]
+        bounds = [self.shapes.constant(i) if i else None for i in names]
         if any(name and bound is None for name, bound in zip(names, bounds, strict=True)):
             return None  # a bound known only at run time
         if data is None or len(data[0]) != 1 or bounds[0] is None or bounds[1] is None:

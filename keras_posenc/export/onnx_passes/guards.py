@@ -13,6 +13,15 @@ constant `K`,
 (and `Gather` as `Slice`): a valid run gets its rows as they are, everything else computes
 exactly what it did, so every value and every NaN is unchanged and no branch runs where it
 did not run before.
+
+The pass, in three steps: find (`_find`: each `If`, `Slice` or `Gather` read only by
+`Where`s on one condition), check (in `_find` too: the condition a scalar, the other value
+a scalar constant made before), rewrite (`_hoist`). What it matches is the graph of
+`keras_posenc._tf.nan_unless` on the rows of `_tf.rows_of_run` as tf2onnx converts it; the
+tests build that graph by hand (`tests/test_onnx_guards.py`), so a change there shows here.
+The clamps the fast branch drops (`_drop_clamps`) are recognised by tensor name: the
+condition's `LessOrEqual` and the branch's `Min` must read the same tensors, which holds
+once `cse` has merged what both compute (hence its place after `cse` in `PASSES`).
 """
 
 from __future__ import annotations
@@ -22,7 +31,14 @@ import copy
 import onnx
 from onnx import helper
 
-from keras_posenc.export.onnx_graph import Emitter, elem_type, graphs, rank, tensor_info
+from keras_posenc.export.onnx_passes.graph import (
+    Emitter,
+    elem_type,
+    graphs,
+    producers,
+    rank,
+    tensor_info,
+)
 
 __all__ = ["hoist_guards"]
 
@@ -149,10 +165,10 @@ def _value(name: str, info: dict, like: str) -> onnx.ValueInfoProto:
 
 def _facts(graph: onnx.GraphProto, conditions: list[str]) -> set[tuple[str, str]]:
     """`(a, b)` for each `a <= b` that holds where every one of `conditions` does."""
-    producers = {o: node for node in graph.node for o in node.output}
+    made_by = producers(graph)
     facts, pending = set(), list(conditions)
     while pending:
-        node = producers.get(pending.pop())
+        node = made_by.get(pending.pop())
         if node is None or node.domain:
             continue
         if node.op_type == "And":

@@ -1,4 +1,4 @@
-"""The ONNX rewrites (`keras_posenc.onnx_passes`): each rewritten export still matches Keras.
+"""The rotary pass (`onnx_passes.rotary`): each rewritten export still matches Keras.
 
 Every RoPE configuration is exported once (`export.onnx_model`), rewritten in each form and
 run in onnxruntime on shapes and starts that reach the cached rows, the rows past them,
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 
 import keras
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 
 from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, export
 from keras_posenc.export import onnx_passes
+from keras_posenc.export.onnx_passes import rotary
 
 TOLERANCE = 1e-5
 HEADS, DIM = 2, 8
@@ -252,75 +252,28 @@ def test_a_model_without_rotation_is_left_as_it_is():
     assert proto.SerializeToString() == before
 
 
-def _tf2onnx_proto(model: keras.Model) -> onnx.ModelProto:
-    # export.onnx_model refuses a graph with Erfc; convert the way it does, without the check.
-    import tf2onnx
-
-    proto, _ = tf2onnx.convert.from_function(
-        export.serving_function(model), input_signature=export.input_signature(model), opset=17
-    )
-    return proto
-
-
-@functools.cache
-def _gelu_encoder() -> tuple[keras.Model, onnx.ModelProto]:
-    x = keras.Input((None, 16), name="x")
-    h = keras.layers.LayerNormalization()(x)
-    h = x + RotaryMultiHeadAttention(num_heads=2, key_dim=8)(h, h)
-    h = h + keras.layers.Dense(16)(keras.layers.Dense(32, activation="gelu")(h))
-    model = keras.Model(x, h)
-    return model, _tf2onnx_proto(model)
+def test_a_marked_rotation_that_is_not_found_is_an_error():
+    # The sum of one of the attention layer's two rotations written as another op: its
+    # scope still holds the products, and the pass must not leave it unrewritten silently.
+    _, base = _exported("attention_half")
+    broken = copy.deepcopy(base)
+    first, second = rotary.find_rotations(broken)
+    first.add.op_type = "Sum"
+    assert len(rotary.marked_scopes(broken)) == 2
+    assert [r.scope for r in rotary.find_rotations(broken)] == [second.scope]
+    before = broken.SerializeToString()
+    with pytest.raises(rotary.RotationMismatch, match="2 rotation.*1 were found") as raised:
+        rotary.rewrite_rotations(broken, "fused")
+    assert first.scope in str(raised.value) and second.scope not in str(raised.value)
+    assert broken.SerializeToString() == before  # raised before rewriting anything
 
 
-@pytest.mark.parametrize(
-    "rotary, opset, kernel",
-    [
-        ("fused", None, "com.microsoft:RotaryEmbedding"),
-        ("fused", 23, "RotaryEmbedding"),
-        ("decomposed", None, None),
-    ],
-)
-def test_exact_gelu_encoder_exports_and_matches_keras(rotary, opset, kernel):
-    model, converted = _gelu_encoder()
-    assert onnx_passes.op_counts(converted).get("Erfc", 0) == 1
-    proto = onnx_passes.optimized(copy.deepcopy(converted), rotary=rotary, opset=opset)
-    counts = onnx_passes.op_counts(proto)
-    assert "Erfc" not in counts and counts["Erf"] == 1
-    if kernel:
-        assert counts[kernel] == 2, counts
-    else:
-        assert not {"RotaryEmbedding", "com.microsoft:RotaryEmbedding"} & set(counts)
-    session = _session(proto)
-    rng = np.random.default_rng(0)
-    for batch, length in [(1, 1), (2, 7), (3, 33)]:
-        # Wide inputs reach gelu's tails, where 1 - erf(x) rounds to 0 or 2.
-        value = (8 * rng.standard_normal((batch, length, 16))).astype(np.float32)
-        (actual,) = session.run(None, {"x": value})
-        np.testing.assert_allclose(actual, np.asarray(model(value)), rtol=1e-5, atol=TOLERANCE)
-
-
-def test_optimized_rejects_an_unknown_rotary_option():
-    _, converted = _gelu_encoder()
-    with pytest.raises(ValueError, match="'fused' or 'decomposed'"):
-        onnx_passes.optimized(copy.deepcopy(converted), rotary="standard")
-
-
-def test_erfc_rewrite_matches_erfc_in_float32():
-    # 1 - Erf (run by onnxruntime) against erfc in float64, on a graph of nothing but the op.
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Erfc", ["x"], ["y"], name="erfc")],
-        "erfc",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    assert onnx_passes.replace_erfc(proto) == 1
-    onnx.checker.check_model(proto, full_check=True)
-    values = np.linspace(-6, 6, 97, dtype=np.float32)
-    (actual,) = _session(proto).run(None, {"x": values})
-    expected = np.array([math.erfc(v) for v in values.astype(np.float64)])
-    assert actual.dtype == np.float32
-    # Within one float32 step at 2 (the largest value): the absolute precision it keeps.
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=2.0**-22)
+@pytest.mark.parametrize("form", ["fused", "decomposed"])
+def test_the_scopes_marked_after_a_rewrite_are_the_rotations_found(form):
+    # Fused, a rotation's products and sum are gone (nothing marked, nothing found);
+    # decomposed, they stay and are found again.
+    _, base = _exported("attention_half")
+    proto, count = _rewritten(base, form)
+    marked = rotary.marked_scopes(proto)
+    assert len(marked) == (0 if form == "fused" else count)
+    assert rotary.rewrite_rotations(proto, form) == len(marked)
