@@ -13,9 +13,10 @@ rows, and reports, per case, the largest absolute and relative error of each run
 against Keras and each runtime's median latency.
 
 One module per concern: `signature` (the serving function), `precision`, `files` (whole
-or nothing), `saved_model`, `onnx_export`, `litert`, `coverage` (what is verified),
-`verify` and `report`; `cli` and `encoders` are the export job (`python -m export`,
-`keras-posenc-export`). Every public name is importable from here.
+or nothing), `saved_model`, `onnx_export`, `litert`, and the subpackage `verify`
+(`coverage`, what is verified; `runtimes`; `compare`; `report`; `driver`); `cli` and
+`encoders` are the export job (`python -m export`, `keras-posenc-export`). Every public
+name is importable from here.
 
 Example:
 
@@ -35,16 +36,6 @@ print(report["summary"]["litert"]["max_abs_error"])
 ```
 """
 
-from keras_posenc.export.coverage import (
-    BATCH_SIZES,
-    SEQUENCE_LENGTHS,
-    default_inputs,
-    longest_sequence,
-    position_inputs,
-    position_limit,
-    verification_cases,
-    verification_shapes,
-)
 from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import (
     is_saved_model,
@@ -75,18 +66,31 @@ from keras_posenc.export.precision import (
     exportable_model,
     float32_copy,
 )
-from keras_posenc.export.report import (
+from keras_posenc.export.saved_model import save_saved_model
+from keras_posenc.export.signature import export_bound, input_signature, serving_function
+from keras_posenc.export.verify.compare import (
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
     compare_outputs,
+)
+from keras_posenc.export.verify.coverage import (
+    BATCH_SIZES,
+    SEQUENCE_LENGTHS,
+    default_inputs,
+    longest_sequence,
+    position_inputs,
+    position_limit,
+    verification_cases,
+    verification_shapes,
+)
+from keras_posenc.export.verify.driver import verify_export
+from keras_posenc.export.verify.report import (
     litert_constant_bytes,
     parameter_bytes,
     position_table_bytes,
     saved_model_constant_bytes,
 )
-from keras_posenc.export.saved_model import save_saved_model
-from keras_posenc.export.signature import export_bound, input_signature, serving_function
-from keras_posenc.export.verify import RUNTIMES, verify_export
+from keras_posenc.export.verify.runtimes import RUNTIMES
 
 __all__ = [
     "BATCH_SIZES",
