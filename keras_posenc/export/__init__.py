@@ -68,29 +68,25 @@ from keras_posenc.export.precision import (
 )
 from keras_posenc.export.saved_model import save_saved_model
 from keras_posenc.export.signature import export_bound, input_signature, serving_function
-from keras_posenc.export.verify.compare import (
+from keras_posenc.export.verify import (
+    BATCH_SIZES,
     FLOAT16_TOLERANCE,
     FLOAT32_TOLERANCE,
-    compare_outputs,
-)
-from keras_posenc.export.verify.coverage import (
-    BATCH_SIZES,
+    RUNTIMES,
     SEQUENCE_LENGTHS,
+    compare_outputs,
     default_inputs,
+    litert_constant_bytes,
     longest_sequence,
+    parameter_bytes,
     position_inputs,
     position_limit,
-    verification_cases,
-    verification_shapes,
-)
-from keras_posenc.export.verify.driver import verify_export
-from keras_posenc.export.verify.report import (
-    litert_constant_bytes,
-    parameter_bytes,
     position_table_bytes,
     saved_model_constant_bytes,
+    verification_cases,
+    verification_shapes,
+    verify_export,
 )
-from keras_posenc.export.verify.runtimes import RUNTIMES
 
 __all__ = [
     "BATCH_SIZES",
