@@ -19,10 +19,14 @@ from keras import ops
 
 from keras_posenc import _tf
 from keras_posenc._kv_cache import (
+    checked_cache,
+    checked_cache_call,
+    checked_cache_mask,
     checked_slots,
     checked_update_index,
     columns,
     static_size,
+    visible_slots,
     written,
 )
 from keras_posenc.positions import positions_from_mask
@@ -177,7 +181,7 @@ class RotaryAttention:
             )
             new_cache = None
         else:
-            _check_cache_call(return_attention_scores, value_mask, key_mask, query_at, key_at)
+            checked_cache_call(return_attention_scores, value_mask, key_mask, query_at, key_at)
             *heads, attention_mask, new_cache = self._use_cache(
                 key is query,
                 (cache, cache_update_index, cache_mask),
@@ -287,22 +291,7 @@ class RotaryAttention:
         cache, cache_update_index, cache_mask = cache_at
         query_heads, key_heads, value_heads = heads
         query_positions, key_positions = positions
-        _, kv_heads, key_dim, value_dim = self._head_counts()
-        cache = tf.convert_to_tensor(cache)
-        if key_dim != value_dim:
-            raise ValueError(
-                f"A cache holds keys and values of one size, but key_dim={key_dim} and "
-                f"value_dim={value_dim}; leave value_dim None to use a cache."
-            )
-        shape = cache.shape
-        if shape.rank != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
-            raise ValueError(
-                "cache must have shape (batch, 2, max_length, num_key_value_heads, head_dim) "
-                f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {shape}."
-            )
-        if shape[2] is None:
-            raise ValueError("The cache's max_length (axis 2) must be known, got None.")
-        max_length = int(shape[2])
+        cache, max_length = checked_cache(cache, *self._head_counts()[1:])
         if cache_update_index is None:
             raise ValueError(
                 "A cache needs cache_update_index: the slot of the first new token (the "
@@ -313,13 +302,7 @@ class RotaryAttention:
 
         valid = checked_slots(index, new, max_length)
 
-        if cache_mask is not None:
-            cache_mask = tf.convert_to_tensor(cache_mask)
-            if cache_mask.shape.rank != 2 or cache_mask.shape[1] not in (None, max_length):
-                raise ValueError(
-                    f"cache_mask must have shape (batch, max_length={max_length}), "
-                    f"got {cache_mask.shape}: one entry per cache slot, false for padding."
-                )
+        cache_mask = checked_cache_mask(cache_mask, max_length)
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = positions_from_mask(cache_mask)
@@ -351,19 +334,12 @@ class RotaryAttention:
         new_cache = written(cache, update, index, new, max_length)
         keys, values = new_cache[:, 0], new_cache[:, 1]
 
-        slot = tf.range(max_length)[None, None, :]
-        query_slot = index + tf.range(steps)[None, :, None]
-        visible = slot < index + new  # the filled part only
-        if use_causal_mask:
-            visible &= slot <= query_slot
-        if self._window() is not None:
-            visible &= tf.abs(query_slot - slot) < self._window()
-        if cache_mask is not None:
-            visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
-        if query_mask is not None:
-            visible &= tf.cast(query_mask, tf.bool)[:, :, None]
-        if attention_mask is not None:
-            visible &= tf.cast(attention_mask, tf.bool)
+        visible = visible_slots(
+            (index, steps, new, max_length),
+            use_causal_mask,
+            self._window(),
+            (cache_mask, query_mask, attention_mask),
+        )
         return query_heads, keys, values, visible, new_cache
 
     def _attend(self, query, key, value, mask, causal_only, training, return_scores):
@@ -446,29 +422,3 @@ class RotaryAttention:
         if cache is None:
             return spec
         return spec, keras.KerasTensor(cache.shape, dtype=cache.dtype)
-
-
-def _check_cache_call(return_scores, value_mask, key_mask, query_at, key_at) -> None:
-    """Refuses what a call with a cache cannot do: scores, key masks, start indices
-    (`query_at`, `key_at`: `(positions, start_index)`)."""
-    query_start, key_start = query_at[1], key_at[1]
-    if return_scores:
-        raise ValueError(
-            "return_attention_scores is not supported with a cache; call without "
-            "one (the full causal pass gives the same outputs) to see the scores."
-        )
-    if value_mask is not None or key_mask is not None:
-        raise ValueError(
-            "With a cache the keys are the cache's slots: give their padding as "
-            "cache_mask (batch, max_length), not value_mask / key_mask (this call's "
-            "tokens only; they would be forgotten at the next step)."
-        )
-    if not (
-        isinstance(query_start, (int, np.integer))
-        and isinstance(key_start, (int, np.integer))
-        and query_start == key_start == 0
-    ):
-        raise ValueError(
-            "With a cache the positions run from cache_update_index: pass "
-            "query_positions / key_positions for others, not start indices."
-        )

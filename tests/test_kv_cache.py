@@ -113,3 +113,37 @@ def test_slots_known_at_run_time_only_are_asserted_in_a_graph():
     assert bool(valid(tf.constant(4)))
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_length 6"):
         valid(tf.constant(5))
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 2)])
+def test_visible_slots_are_the_filled_ones_each_query_may_see(causal, window):
+    index, steps = 2, 3
+    cache_mask = np.array([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)
+    query_mask = np.array([[1, 1, 1], [1, 0, 1]], bool)
+    got = _kv_cache.visible_slots(
+        (index, steps, steps, MAX_LENGTH), causal, window, (cache_mask, query_mask, None)
+    ).numpy()
+    slot, query = np.arange(MAX_LENGTH), index + np.arange(steps)
+    expected = np.broadcast_to(slot < index + steps, (2, steps, MAX_LENGTH)).copy()
+    if causal:
+        expected &= slot[None, :] <= query[:, None]
+    if window is not None:
+        expected &= np.abs(query[:, None] - slot[None, :]) < window
+    expected &= cache_mask[:, None, :] & query_mask[:, :, None]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_cache_of_the_wrong_shape_or_sizes_is_refused():
+    cache, max_length = _kv_cache.checked_cache(np.zeros((1, 2, 5, 3, 4), np.float32), 3, 4, 4)
+    assert max_length == 5 and tf.is_tensor(cache)
+    with pytest.raises(ValueError, match="one size"):
+        _kv_cache.checked_cache(np.zeros((1, 2, 5, 3, 4)), 3, 4, 8)
+    with pytest.raises(ValueError, match=r"= \(batch, 2, max_length, 3, 4\)"):
+        _kv_cache.checked_cache(np.zeros((1, 2, 5, 2, 4)), 3, 4, 4)
+    with pytest.raises(ValueError, match=r"max_length=5"):
+        _kv_cache.checked_cache_mask(np.ones((1, 4), bool), 5)
+    assert _kv_cache.checked_cache_mask(None, 5) is None
+    with pytest.raises(ValueError, match="not start indices"):
+        _kv_cache.checked_cache_call(False, None, None, (None, 1), (None, 0))
+    with pytest.raises(ValueError, match="cache_mask"):
+        _kv_cache.checked_cache_call(False, np.ones((1, 2)), None, (None, 0), (None, 0))
