@@ -56,6 +56,7 @@ from keras_posenc import (  # noqa: E402
     export,
 )
 from keras_posenc.export import onnx_passes  # noqa: E402
+from keras_posenc.export.verify.runtimes import onnx_session  # noqa: E402
 from keras_posenc.frequencies import CACHED_POSITIONS, inverse_frequencies  # noqa: E402
 
 RUNTIME_START = 100  # a start fed at run time, rows still in the cache
@@ -78,12 +79,7 @@ THREADS = [1]  # onnxruntime's intra-op threads (--threads)
 
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = THREADS[0]
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return onnx_session(proto, threads=THREADS[0])
 
 
 def ort_call(proto: onnx.ModelProto, feeds: dict) -> Callable[[], object]:

@@ -101,3 +101,86 @@ def checked_slots(index, new, max_length: int):
         with tf.control_dependencies([assertion]):
             valid = tf.identity(valid)
     return valid
+
+
+def checked_cache_call(return_scores, value_mask, key_mask, query_at, key_at) -> None:
+    """Refuses what a call with a cache cannot do: scores, key masks, start indices
+    (`query_at`, `key_at`: `(positions, start_index)`)."""
+    query_start, key_start = query_at[1], key_at[1]
+    if return_scores:
+        raise ValueError(
+            "return_attention_scores is not supported with a cache; call without "
+            "one (the full causal pass gives the same outputs) to see the scores."
+        )
+    if value_mask is not None or key_mask is not None:
+        raise ValueError(
+            "With a cache the keys are the cache's slots: give their padding as "
+            "cache_mask (batch, max_length), not value_mask / key_mask (this call's "
+            "tokens only; they would be forgotten at the next step)."
+        )
+    if not (
+        isinstance(query_start, (int, np.integer))
+        and isinstance(key_start, (int, np.integer))
+        and query_start == key_start == 0
+    ):
+        raise ValueError(
+            "With a cache the positions run from cache_update_index: pass "
+            "query_positions / key_positions for others, not start indices."
+        )
+
+
+def checked_cache(cache, kv_heads: int, key_dim: int, value_dim: int) -> tuple[tf.Tensor, int]:
+    """`(cache as a tensor, its max_length)`, or a ValueError saying what shape it needs."""
+    cache = tf.convert_to_tensor(cache)
+    if key_dim != value_dim:
+        raise ValueError(
+            f"A cache holds keys and values of one size, but key_dim={key_dim} and "
+            f"value_dim={value_dim}; leave value_dim None to use a cache."
+        )
+    shape = cache.shape
+    if shape.rank != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
+        raise ValueError(
+            "cache must have shape (batch, 2, max_length, num_key_value_heads, head_dim) "
+            f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {shape}."
+        )
+    if shape[2] is None:
+        raise ValueError("The cache's max_length (axis 2) must be known, got None.")
+    return cache, int(shape[2])
+
+
+def checked_cache_mask(cache_mask, max_length: int):
+    """`cache_mask` (None, or one entry per slot and batch row) as a tensor."""
+    if cache_mask is None:
+        return None
+    cache_mask = tf.convert_to_tensor(cache_mask)
+    if cache_mask.shape.rank != 2 or cache_mask.shape[1] not in (None, max_length):
+        raise ValueError(
+            f"cache_mask must have shape (batch, max_length={max_length}), "
+            f"got {cache_mask.shape}: one entry per cache slot, false for padding."
+        )
+    return cache_mask
+
+
+def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:
+    """Which cache slots each new query sees: `(batch or 1, steps, max_length)` bools.
+
+    `sizes` is `(index, steps, new, max_length)`; `masks` `(cache_mask, query_mask,
+    attention_mask)`, each None or applied. Only filled slots (below `index + new`) are
+    seen; `causal` hides later ones, `window` those `window` or more slots away.
+    """
+    index, steps, new, max_length = sizes
+    cache_mask, query_mask, attention_mask = masks
+    slot = tf.range(max_length)[None, None, :]
+    query_slot = index + tf.range(steps)[None, :, None]
+    visible = slot < index + new  # the filled part only
+    if causal:
+        visible &= slot <= query_slot
+    if window is not None:
+        visible &= tf.abs(query_slot - slot) < window
+    if cache_mask is not None:
+        visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
+    if query_mask is not None:
+        visible &= tf.cast(query_mask, tf.bool)[:, :, None]
+    if attention_mask is not None:
+        visible &= tf.cast(attention_mask, tf.bool)
+    return visible

@@ -19,10 +19,14 @@ from keras import ops
 
 from keras_posenc import _tf
 from keras_posenc._kv_cache import (
+    checked_cache,
+    checked_cache_call,
+    checked_cache_mask,
     checked_slots,
     checked_update_index,
     columns,
     static_size,
+    visible_slots,
     written,
 )
 from keras_posenc.positions import positions_from_mask
@@ -65,7 +69,7 @@ class RotaryAttention:
 
     Listed before the Keras base class, it replaces the base's `call` and adds the rotary
     part to its `build` and `get_config`; the base keeps its weights, masks
-    (`_compute_attention_mask`) and softmax. A subclass defines
+    (`_tf.attention_mask`) and softmax, reached through `keras_posenc._tf`. A subclass defines
     `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim, value_dim)`,
     `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
@@ -160,12 +164,9 @@ class RotaryAttention:
         # The masks are applied here; the projections must not see (and warn about) them.
         for tensor in (query, value, key):
             _tf.set_keras_mask(tensor, None)
-
-        gate = self._gate_dense(query) if self._uses_gate() else None
-        query_heads = self._query_dense(query)
-        key_heads = self._key_dense(key)
-        value_heads = self._value_dense(value)
-
+        gate, *heads = self._project(query, key, value)
+        masks = {"query_mask": query_mask, "value_mask": value_mask, "key_mask": key_mask}
+        query_at, key_at = (query_positions, query_start_index), (key_positions, key_start_index)
         if cache is None:
             if cache_update_index is not None or cache_mask is not None:
                 raise ValueError(
@@ -173,90 +174,30 @@ class RotaryAttention:
                     "num_key_value_heads, head_dim); without one, give positions as "
                     "query_positions / query_start_index."
                 )
-            if self.positions_from_mask:
-                own_key_mask = key_mask if key_given else value_mask
-                if query_positions is None and query_mask is not None:
-                    query_positions = positions_from_mask(query_mask, query_start_index)
-                    query_start_index = 0
-                if key_positions is None and own_key_mask is not None:
-                    if own_key_mask is query_mask and key_start_index is query_start_index:
-                        key_positions = query_positions
-                    else:
-                        key_positions = positions_from_mask(own_key_mask, key_start_index)
-                    key_start_index = 0
-            query_heads, key_heads = self._rotate_queries_and_keys(
-                query_heads,
-                key_heads,
-                key is query,
-                (query_positions, query_start_index),
-                (key_positions, key_start_index),
+            query_at, key_at = self._positions_without_cache(masks, key_given, query_at, key_at)
+            heads[:2] = self._rotate_queries_and_keys(*heads[:2], key is query, query_at, key_at)
+            attention_mask, causal_only = self._mask_without_cache(
+                query, value, masks, attention_mask, use_causal_mask
             )
-            causal_only = (
-                use_causal_mask
-                and query_mask is None
-                and value_mask is None
-                and key_mask is None
-                and attention_mask is None
-                and self._window() is None
-            )
-            if not causal_only:
-                attention_mask = self._compute_attention_mask(
-                    query,
-                    value,
-                    query_mask=query_mask,
-                    value_mask=value_mask,
-                    key_mask=key_mask,
-                    attention_mask=attention_mask,
-                    use_causal_mask=use_causal_mask,
-                )
             new_cache = None
         else:
-            if return_attention_scores:
-                raise ValueError(
-                    "return_attention_scores is not supported with a cache; call without "
-                    "one (the full causal pass gives the same outputs) to see the scores."
-                )
-            if value_mask is not None or key_mask is not None:
-                raise ValueError(
-                    "With a cache the keys are the cache's slots: give their padding as "
-                    "cache_mask (batch, max_length), not value_mask / key_mask (this call's "
-                    "tokens only; they would be forgotten at the next step)."
-                )
-            if not (
-                isinstance(query_start_index, (int, np.integer))
-                and isinstance(key_start_index, (int, np.integer))
-                and query_start_index == key_start_index == 0
-            ):
-                raise ValueError(
-                    "With a cache the positions run from cache_update_index: pass "
-                    "query_positions / key_positions for others, not start indices."
-                )
-            query_heads, key_heads, value_heads, attention_mask, new_cache = self._use_cache(
+            checked_cache_call(return_attention_scores, value_mask, key_mask, query_at, key_at)
+            *heads, attention_mask, new_cache = self._use_cache(
                 key is query,
-                cache,
-                cache_update_index,
-                cache_mask,
-                query_heads,
-                key_heads,
-                value_heads,
-                query_positions,
-                key_positions,
+                (cache, cache_update_index, cache_mask),
+                heads,
+                (query_positions, key_positions),
                 query_mask,
                 attention_mask,
                 use_causal_mask,
             )
             causal_only = False
-
         output, scores = self._attend(
-            query_heads,
-            key_heads,
-            value_heads,
-            attention_mask,
-            causal_only,
-            training,
-            return_attention_scores,
+            *heads, attention_mask, causal_only, training, return_attention_scores
         )
-        output = self._output_dense(output if gate is None else ops.multiply(output, gate))
+        output = _tf.attention_part(self, "output_dense")(
+            output if gate is None else ops.multiply(output, gate)
+        )
         if query_mask is not None:
             _tf.set_keras_mask(output, query_mask)
         if new_cache is not None:
@@ -264,6 +205,59 @@ class RotaryAttention:
         if return_attention_scores:
             return output, scores
         return output
+
+    def _project(self, query, key, value):
+        """`(gate or None, query heads, key heads, value heads)`: the base layer's projections."""
+        gate = _tf.attention_part(self, "gate_dense")(query) if self._uses_gate() else None
+        return (
+            gate,
+            _tf.attention_part(self, "query_dense")(query),
+            _tf.attention_part(self, "key_dense")(key),
+            _tf.attention_part(self, "value_dense")(value),
+        )
+
+    def _positions_without_cache(self, masks: dict, key_given: bool, query_at, key_at):
+        """`(positions, start_index)` of the queries and of the keys, without a cache.
+
+        With `positions_from_mask`, positions not given come from the queries' mask and
+        the keys' own (`key_mask`, else `value_mask`); from a mask they start at 0.
+        """
+        (query_positions, query_start), (key_positions, key_start) = query_at, key_at
+        if self.positions_from_mask:
+            # (The keys share the queries' positions when they share their mask and their
+            # start, the queries' start being 0 once taken from the mask.)
+            query_mask = masks["query_mask"]
+            own_key_mask = masks["key_mask"] if key_given else masks["value_mask"]
+            if query_positions is None and query_mask is not None:
+                query_positions = positions_from_mask(query_mask, query_start)
+                query_start = 0
+            if key_positions is None and own_key_mask is not None:
+                if own_key_mask is query_mask and key_start is query_start:
+                    key_positions = query_positions
+                else:
+                    key_positions = positions_from_mask(own_key_mask, key_start)
+                key_start = 0
+        return (query_positions, query_start), (key_positions, key_start)
+
+    def _mask_without_cache(self, query, value, masks: dict, attention_mask, use_causal_mask):
+        """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
+        or none when the causal mask alone applies (`_attend` then makes it itself)."""
+        causal_only = (
+            use_causal_mask
+            and all(mask is None for mask in masks.values())
+            and attention_mask is None
+            and self._window() is None
+        )
+        if not causal_only:
+            attention_mask = _tf.attention_mask(
+                self,
+                query,
+                value,
+                **masks,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+            )
+        return attention_mask, causal_only
 
     def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):
         """Queries and keys rotated at `(positions, start_index)` `query_at` / `key_at`.
@@ -287,37 +281,17 @@ class RotaryAttention:
         )
 
     def _use_cache(
-        self,
-        same_tokens,
-        cache,
-        cache_update_index,
-        cache_mask,
-        query_heads,
-        key_heads,
-        value_heads,
-        query_positions,
-        key_positions,
-        query_mask,
-        attention_mask,
-        use_causal_mask,
+        self, same_tokens, cache_at, heads, positions, query_mask, attention_mask, use_causal_mask
     ):
-        """Rotate the new queries and keys, write keys and values, and mask the unfilled slots."""
-        _, kv_heads, key_dim, value_dim = self._head_counts()
-        cache = tf.convert_to_tensor(cache)
-        if key_dim != value_dim:
-            raise ValueError(
-                f"A cache holds keys and values of one size, but key_dim={key_dim} and "
-                f"value_dim={value_dim}; leave value_dim None to use a cache."
-            )
-        shape = cache.shape
-        if shape.rank != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
-            raise ValueError(
-                "cache must have shape (batch, 2, max_length, num_key_value_heads, head_dim) "
-                f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {shape}."
-            )
-        if shape[2] is None:
-            raise ValueError("The cache's max_length (axis 2) must be known, got None.")
-        max_length = int(shape[2])
+        """Rotate the new queries and keys, write keys and values, and mask the unfilled slots.
+
+        `cache_at` is `(cache, cache_update_index, cache_mask)`, `heads` the new queries,
+        keys and values, `positions` the queries' and the keys' (None: from the index).
+        """
+        cache, cache_update_index, cache_mask = cache_at
+        query_heads, key_heads, value_heads = heads
+        query_positions, key_positions = positions
+        cache, max_length = checked_cache(cache, *self._head_counts()[1:])
         if cache_update_index is None:
             raise ValueError(
                 "A cache needs cache_update_index: the slot of the first new token (the "
@@ -328,13 +302,7 @@ class RotaryAttention:
 
         valid = checked_slots(index, new, max_length)
 
-        if cache_mask is not None:
-            cache_mask = tf.convert_to_tensor(cache_mask)
-            if cache_mask.shape.rank != 2 or cache_mask.shape[1] not in (None, max_length):
-                raise ValueError(
-                    f"cache_mask must have shape (batch, max_length={max_length}), "
-                    f"got {cache_mask.shape}: one entry per cache slot, false for padding."
-                )
+        cache_mask = checked_cache_mask(cache_mask, max_length)
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = positions_from_mask(cache_mask)
@@ -366,19 +334,12 @@ class RotaryAttention:
         new_cache = written(cache, update, index, new, max_length)
         keys, values = new_cache[:, 0], new_cache[:, 1]
 
-        slot = tf.range(max_length)[None, None, :]
-        query_slot = index + tf.range(steps)[None, :, None]
-        visible = slot < index + new  # the filled part only
-        if use_causal_mask:
-            visible &= slot <= query_slot
-        if self._window() is not None:
-            visible &= tf.abs(query_slot - slot) < self._window()
-        if cache_mask is not None:
-            visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
-        if query_mask is not None:
-            visible &= tf.cast(query_mask, tf.bool)[:, :, None]
-        if attention_mask is not None:
-            visible &= tf.cast(attention_mask, tf.bool)
+        visible = visible_slots(
+            (index, steps, new, max_length),
+            use_causal_mask,
+            self._window(),
+            (cache_mask, query_mask, attention_mask),
+        )
         return query_heads, keys, values, visible, new_cache
 
     def _attend(self, query, key, value, mask, causal_only, training, return_scores):
@@ -393,7 +354,8 @@ class RotaryAttention:
         if query_heads != kv_heads:
             key = ops.repeat(key, query_heads // kv_heads, axis=2)
             value = ops.repeat(value, query_heads // kv_heads, axis=2)
-        if self._flash_attention and return_scores:
+        flash_attention = _tf.attention_part(self, "flash_attention")
+        if flash_attention and return_scores:
             raise ValueError(
                 "Returning attention scores is not supported when flash attention is "
                 "enabled. Please disable flash attention to access attention scores."
@@ -418,15 +380,16 @@ class RotaryAttention:
                 value,
                 mask=mask,
                 scale=self._scale(),
-                flash_attention=self._flash_attention,
+                flash_attention=flash_attention,
             )
             return output, None
         if causal_only:
-            mask = self._compute_causal_mask(query, value)
+            mask = _tf.causal_mask(self, query, value)
         query = ops.multiply(query, ops.cast(self._scale(), query.dtype))
         scores = ops.einsum("btnh,bsnh->bnts", query, key)
-        scores = self._masked_softmax(scores, mask)
-        dropped = self._dropout_layer(scores, training=training) if dropout else scores
+        scores = _tf.masked_softmax(self, scores, mask)
+        dropout_layer = _tf.attention_part(self, "dropout_layer")
+        dropped = dropout_layer(scores, training=training) if dropout else scores
         return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
 
     def compute_output_spec(

@@ -222,6 +222,27 @@ class PositionTable:
     def cached(self) -> tuple[np.ndarray, ...]:
         return tuple(t.array for t in self._cached)
 
+    def stored_arrays(self, bound: int | None = None) -> dict[str, np.ndarray]:
+        """The host arrays of this table an export holds as constants, by name.
+
+        `bound`: the export's largest position + 1 (None: no bound). Within the cache
+        (`bound <= CACHED_POSITIONS`) only the cached rows below it; otherwise every
+        cached row (`cached_0`, ...) and the split tables that serve positions past them:
+        the fine rows whole, the coarse rows below the bound (views, not copies).
+        """
+        named = {f"cached_{i}": array for i, array in enumerate(self.cached)}
+        if bound is not None and bound <= CACHED_POSITIONS:
+            return {name: array[:bound] for name, array in named.items()}
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self.frequencies._split_tables
+        coarse_rows = None if bound is None else -(-bound // CACHED_POSITIONS)
+        named.update(
+            fine_sin=fine_sin.array,
+            fine_cos=fine_cos.array,
+            coarse_sin=coarse_sin.array[:coarse_rows],
+            coarse_cos=coarse_cos.array[:coarse_rows],
+        )
+        return named
+
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """Rows for integer `positions` of any shape, each in `[0, MAX_POSITIONS)`."""
         bound = _tf.position_bound()
@@ -338,6 +359,12 @@ def _past_bound(bound: int) -> str:
 
 # Tables shared by every live layer of one configuration; a table no layer holds is freed.
 _position_tables: weakref.WeakValueDictionary[tuple, PositionTable] = weakref.WeakValueDictionary()
+
+
+def held_tables(rows) -> tuple[PositionTable, ...]:
+    """`(rows,)` when a layer's `rows` are a `PositionTable`, else `()` (rows made otherwise:
+    several axes, or a switch between tables by length)."""
+    return (rows,) if isinstance(rows, PositionTable) else ()
 
 
 def position_table(key: tuple, build: Callable[[], PositionTable]) -> PositionTable:

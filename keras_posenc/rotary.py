@@ -29,7 +29,13 @@ from keras_posenc._checks import (
 )
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
-from keras_posenc.frequencies import MAX_POSITIONS, FrequencyTable, PositionTable, position_table
+from keras_posenc.frequencies import (
+    MAX_POSITIONS,
+    FrequencyTable,
+    PositionTable,
+    held_tables,
+    position_table,
+)
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rope_scaling import (
     DynamicRows,
@@ -259,6 +265,15 @@ class RotaryEmbedding(keras.layers.Layer):
             )
             self._axes = self._table.axes
         super().build(input_shape)
+
+    def position_tables(self) -> tuple[PositionTable, ...]:
+        """The host position tables this layer reads its rows from, as a `PositionTable`.
+
+        Empty before `build`, and where the rows are made otherwise (several axes, or a
+        scaling that switches frequencies by length). What an export holds of each table:
+        `PositionTable.stored_arrays(bound)`; layers of one configuration share one table.
+        """
+        return held_tables(getattr(self, "_table", None))
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
         (outputs,) = self.rotate_together((inputs,), positions, start_index, mask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_posenc import _tf
 from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
 
 
@@ -100,10 +101,10 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         return self.num_heads, self.num_heads, self.key_dim, self.value_dim
 
     def _scale(self) -> float:
-        return self._inverse_sqrt_key_dim
+        return _tf.attention_part(self, "inverse_sqrt_key_dim")
 
     def _window(self) -> int | None:
-        return self._sliding_window
+        return _tf.attention_part(self, "sliding_window")
 
     def _uses_gate(self) -> bool:
-        return self._use_gate
+        return _tf.attention_part(self, "use_gate")

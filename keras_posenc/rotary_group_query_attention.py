@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_posenc import _tf
 from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
 
 
@@ -85,7 +86,7 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         return self.num_query_heads, self.num_key_value_heads, self.head_dim, self.head_dim
 
     def _scale(self) -> float:
-        return self._inverse_sqrt_head_dim
+        return _tf.attention_part(self, "inverse_sqrt_head_dim")
 
     def _window(self) -> int | None:
         return self.sliding_window

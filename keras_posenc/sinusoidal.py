@@ -22,6 +22,7 @@ from keras_posenc.frequencies import (
     MAX_POSITIONS,
     FrequencyTable,
     PositionTable,
+    held_tables,
     inverse_frequencies,
     position_table,
 )
@@ -242,6 +243,15 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         # input's, so that a layer after this one (an Einsum) converts without Flex ops.
         outputs.set_shape(inputs.shape)
         return outputs
+
+    def position_tables(self) -> tuple[PositionTable, ...]:
+        """The host position tables this layer reads its rows from, as a `PositionTable`.
+
+        Empty before `build`, and where the rows are made otherwise (several axes). What an export
+        holds of each table: `PositionTable.stored_arrays(bound)`; layers of one
+        configuration share one table.
+        """
+        return held_tables(getattr(self, "_table", None))
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import onnxruntime
-import tensorflow as tf
+from pathlib import Path
 
-from keras_posenc import export as kpe
+from keras_posenc.export.verify.runtimes import artifact_runners
 
 
 def runners(saved_model_path, onnx_path, litert_path) -> dict:
-    """`{"saved_model" | "onnxruntime" | "litert": run}`, each `run(feeds)` a dict of outputs."""
-    serve = tf.saved_model.load(str(saved_model_path)).signatures["serving_default"]
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return {
-        "saved_model": lambda feeds: {
-            k: v.numpy() for k, v in serve(**{n: tf.constant(a) for n, a in feeds.items()}).items()
-        },
-        "onnxruntime": lambda feeds: dict(zip(names, session.run(None, feeds), strict=True)),
-        "litert": kpe.litert.LiteRTRunner(litert_path),
-    }
+    """`{"saved_model" | "onnxruntime" | "litert": run}`, each `run(feeds)` a dict of outputs.
+
+    The package's own runners (`keras_posenc.export.verify.runtimes`), those `verify_export`
+    times and compares.
+    """
+    paths = {"saved_model": saved_model_path, "onnxruntime": onnx_path, "litert": litert_path}
+    return artifact_runners({name: Path(path) for name, path in paths.items()})

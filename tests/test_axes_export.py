@@ -22,8 +22,8 @@ import tensorflow as tf
 
 from keras_posenc import RotaryEmbedding, SinusoidalPositionalEncoding, grid_positions
 from keras_posenc import export as kpe
-from keras_posenc.export.coverage import position_axes, probe_positions
 from keras_posenc.export.litert import LiteRTRunner
+from keras_posenc.export.verify.coverage import position_axes, probe_positions
 
 HEADS, DIM, WIDTH = 2, 8, 8
 LIMIT = 2**24

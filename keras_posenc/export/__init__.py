@@ -13,10 +13,10 @@ rows, and reports, per case, the largest absolute and relative error of each run
 against Keras and each runtime's median latency.
 
 One module per concern: `signature` (the serving function), `precision`, `files` (whole
-or nothing), `saved_model`, `onnx_export` (its graph passes: `onnx_passes`), `litert`,
-`coverage` (what is verified), `verify` and `report`; `cli` and `encoders` are the
-export job (`python -m export`, `keras-posenc-export`). Every public name is importable
-from here.
+or nothing), `saved_model`, `onnx_export` (its graph passes: the subpackage
+`onnx_passes`), `litert`, and the subpackage `verify` (`coverage`, what is verified;
+`runtimes`; `compare`; `report`; `driver`); `job` and `encoders` are the export job
+(`python -m export`, `keras-posenc-export`). Every public name is importable from here.
 
 Example:
 
@@ -36,16 +36,6 @@ print(report["summary"]["litert"]["max_abs_error"])
 ```
 """
 
-from keras_posenc.export.coverage import (
-    BATCH_SIZES,
-    SEQUENCE_LENGTHS,
-    default_inputs,
-    longest_sequence,
-    position_inputs,
-    position_limit,
-    verification_cases,
-    verification_shapes,
-)
 from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import (
     is_saved_model,
@@ -76,18 +66,27 @@ from keras_posenc.export.precision import (
     exportable_model,
     float32_copy,
 )
-from keras_posenc.export.report import (
-    FLOAT16_TOLERANCE,
-    FLOAT32_TOLERANCE,
-    compare_outputs,
-    litert_constant_bytes,
-    parameter_bytes,
-    position_table_bytes,
-    saved_model_constant_bytes,
-)
 from keras_posenc.export.saved_model import save_saved_model
 from keras_posenc.export.signature import export_bound, input_signature, serving_function
-from keras_posenc.export.verify import RUNTIMES, verify_export
+from keras_posenc.export.verify import (
+    BATCH_SIZES,
+    FLOAT16_TOLERANCE,
+    FLOAT32_TOLERANCE,
+    RUNTIMES,
+    SEQUENCE_LENGTHS,
+    compare_outputs,
+    default_inputs,
+    litert_constant_bytes,
+    longest_sequence,
+    parameter_bytes,
+    position_inputs,
+    position_limit,
+    position_table_bytes,
+    saved_model_constant_bytes,
+    verification_cases,
+    verification_shapes,
+    verify_export,
+)
 
 __all__ = [
     "BATCH_SIZES",

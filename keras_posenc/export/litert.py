@@ -21,8 +21,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-from tensorflow.python.util import nest
 
 from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
@@ -95,12 +93,7 @@ def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None
     # LiteRT never initializes (the outputs are garbage). So freeze them all first, and
     # convert from a SavedModel of the frozen function (its signature keeps the names);
     # freezing flattens the outputs in `tf.nest.flatten` order: name them again.
-    frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
-    names = [path[0] for path, _ in nest.flatten_with_tuple_paths(concrete.structured_outputs)]
-
-    def serve(*tensors):
-        return dict(zip(names, nest.flatten(frozen(*tensors)), strict=True))
-
+    serve = _tf.frozen_named_outputs(concrete)
     module = tf.Module()
     module.serve = tf.function(serve, input_signature=input_signature(model), autograph=False)
     # Loading the SavedModel warns that gradients were not saved (none are needed), and the
@@ -166,8 +159,7 @@ _FIXES = {
 
 def litert_ops(model_content: bytes) -> list[str]:
     """The op names of a `.tflite` file's operators, in order (custom ops by their name)."""
-    from tensorflow.lite.python import schema_py_generated as schema
-
+    schema = _tf.tflite_schema()
     fb = schema.Model.GetRootAsModel(model_content, 0)
     names = {
         getattr(schema.BuiltinOperator, name): name

@@ -7,8 +7,9 @@ import warnings
 import keras
 import numpy as np
 
+from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.signature import _all_layers, _model_inputs
+from keras_posenc.export.signature import _model_inputs
 
 BFLOAT16_CHOICES = ("float32", "error")
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -18,7 +19,7 @@ def compute_dtypes(model: keras.Model) -> set[str]:
     """The compute dtypes of the model's layers and the dtypes of its float variables."""
     dtypes = {
         layer.dtype_policy.compute_dtype
-        for layer in _all_layers(model)
+        for layer in _tf.all_layers(model)
         if getattr(layer, "dtype_policy", None) is not None
     }
     dtypes.update(v.dtype for v in model.weights if keras.backend.is_float_dtype(v.dtype))

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import keras
-import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc.export.files import is_saved_model, whole_or_nothing
@@ -70,7 +69,7 @@ def save_saved_model(
     return Path(path)
 
 
-class _Resources(tf.__internal__.tracking.AutoTrackable):
+class _Resources(_tf.AutoTrackable):
     """Holds the model, so that `ExportArchive` finds its resources but lists no weight."""
 
     def __init__(self, model: keras.Model):

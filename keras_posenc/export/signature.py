@@ -104,18 +104,13 @@ def serving_function(model: keras.Model) -> tf.types.experimental.GenericFunctio
     return tf.function(serve, input_signature=specs, autograph=False)
 
 
-def _all_layers(model: keras.Model) -> list:
-    """The model and every layer in it, nested ones included (Keras has no public walk)."""
-    return list(model._flatten_layers(include_self=True, recursive=True))
-
-
 def layers_in_scopes(model: keras.Model, scopes) -> list[str]:
     """The names of `model`'s layers that TensorFlow name scopes (`a_1/b_1/Op`) point into.
 
     TensorFlow adds `_1`, `_2` to the names of layers it traces; they are matched back.
     Each is given as its path of nested layers (`block_0/attention/query`), once.
     """
-    names = {layer.name for layer in _all_layers(model)} - {model.name}
+    names = {layer.name for layer in _tf.all_layers(model)} - {model.name}
     found = []
     for scope in scopes:
         parts = [re.sub(r"(_\d+)+$", "", part) for part in re.split(r"[/@]", scope)]
@@ -142,7 +137,7 @@ def export_bound(model: keras.Model, max_sequence_length: int | None = None) -> 
 
     tables = [
         layer.max_length
-        for layer in _all_layers(model)
+        for layer in _tf.all_layers(model)
         if isinstance(layer, LearnedPositionalEmbedding)
     ]
     table = min(tables) if tables else None

@@ -1,10 +1,11 @@
 """Every TensorFlow / XLA / Keras specific the package relies on, each with why and when it can go.
 
 The layers' math is plain (`inputs + rows`, `x·C + swap(x)·S`); what is here is how to make
-TensorFlow run it at the memory floor in every mode, and how to reach the few private APIs
-the package touches. The benchmark cases that justify each trick are named
-(`python -m benchmarks`, see docs/benchmarks.md); if a TensorFlow release makes a case
-fast without the trick, the trick can go.
+TensorFlow run it at the memory floor in every mode; the few private APIs the package
+touches are reached through `keras_posenc._tf.private` alone (re-exported here). The
+benchmark cases that justify each trick are named (`python -m benchmarks`, see
+docs/benchmarks.md); if a TensorFlow release makes a case fast without the trick, the
+trick can go.
 """
 
 from __future__ import annotations
@@ -16,11 +17,24 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-# Private TensorFlow APIs: XLA's dynamic slice (no public op takes a run-time start under
-# XLA without making it a compile-time constant) and the XLA-context test (no public API
-# says whether the graph being traced will be compiled).
-from tensorflow.compiler.tf2xla.python import xla
-from tensorflow.python.ops import control_flow_util
+# The private TensorFlow and Keras APIs, each behind a named function (see `private`).
+from keras_posenc._tf.private import (  # noqa: F401
+    AutoTrackable,
+    all_layers,
+    attention_mask,
+    attention_part,
+    call_keyword_arguments,
+    causal_mask,
+    frozen_named_outputs,
+    get_keras_mask,
+    graph_in_xla_context,
+    masked_softmax,
+    replace_weight,
+    saved_model_proto,
+    set_keras_mask,
+    tflite_schema,
+    xla,
+)
 
 # --------------------------------------------------------------------------------------
 # Where the graph runs
@@ -28,7 +42,7 @@ from tensorflow.python.ops import control_flow_util
 
 def in_xla_context() -> bool:
     """Whether the graph being traced will be compiled by XLA (`jit_compile=True`)."""
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return graph_in_xla_context()
 
 
 def xla_on_cpu() -> bool:
@@ -428,29 +442,3 @@ def swap_pairs(x: tf.Tensor, pair_shape: list[int], pair_axis: int, axis: int, f
     else:
         swapped = tf.reverse(paired, int_array([axis + pair_axis]))
     return tf.reshape(swapped, shape)
-
-
-# --------------------------------------------------------------------------------------
-# Private Keras APIs
-
-# Keras's own masks on tensors (what MultiHeadAttention reads and sets); no public API.
-from keras.src.backend.common.masking import get_keras_mask, set_keras_mask  # noqa: E402, F401
-
-
-def all_layers(model) -> list:
-    """The model and every layer in it, nested ones included (Keras has no public walk)."""
-    return list(model._flatten_layers(include_self=True, recursive=True))
-
-
-def replace_weight(layer, old, make_new: Callable):
-    """Untrack `old` from `layer` and track `make_new()` in its place; returns the new weight.
-
-    Keras locks a built layer's state: there is no public way to swap one of its weights
-    (needed to resize a learned table).
-    """
-    layer._untrack_variable(old)
-    layer._tracker.unlock()
-    try:
-        return make_new()
-    finally:
-        layer._lock_state()

@@ -29,7 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.export.signature import _all_layers, export_bound, input_signature
+from keras_posenc import _tf
+from keras_posenc.export.signature import export_bound, input_signature
 from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
 
 BATCH_SIZES = (1, 2, 3, 8)
@@ -64,7 +65,7 @@ def longest_sequence(model: keras.Model) -> int | None:
 
     lengths = [
         layer.max_length
-        for layer in _all_layers(model)
+        for layer in _tf.all_layers(model)
         if isinstance(layer, LearnedPositionalEmbedding)
     ]
     return min(lengths) if lengths else None
@@ -94,9 +95,8 @@ def position_inputs(model: keras.Model) -> dict[str, str]:
             kinds[spec.name] = "positions"
         by_id[id(tensor)] = spec.name
     for layer in getattr(model, "layers", []):
-        for node in getattr(layer, "_inbound_nodes", []):
-            arguments = getattr(node, "arguments", None)
-            for keyword, value in (getattr(arguments, "kwargs", None) or {}).items():
+        for arguments in _tf.call_keyword_arguments(layer):
+            for keyword, value in arguments.items():
                 name = by_id.get(id(value))
                 if name is not None and keyword in _POSITION_KEYWORDS:
                     kinds.setdefault(name, "positions")
@@ -132,16 +132,15 @@ def _multi_axis_inputs(model: keras.Model) -> set[str]:
         for spec, tensor in zip(input_signature(model), model.inputs, strict=True)
     }
     names = set()
-    for layer in _all_layers(model):
+    for layer in _tf.all_layers(model):
         axes = getattr(layer, "axes", 1)
         for option in ("axes_dims", "mrope_section"):
             if getattr(layer, option, None) is not None:
                 axes = len(getattr(layer, option))
         if not isinstance(axes, int) or axes < 2:
             continue
-        for node in getattr(layer, "_inbound_nodes", []):
-            arguments = getattr(node, "arguments", None)
-            value = (getattr(arguments, "kwargs", None) or {}).get("positions")
+        for arguments in _tf.call_keyword_arguments(layer):
+            value = arguments.get("positions")
             if id(value) in by_id:
                 names.add(by_id[id(value)])
     return names
@@ -294,7 +293,9 @@ def default_inputs(
     """
     rng = np.random.default_rng([seed, batch, sequence, start_index or 0])
     vocabularies = [
-        layer.input_dim for layer in _all_layers(model) if isinstance(layer, keras.layers.Embedding)
+        layer.input_dim
+        for layer in _tf.all_layers(model)
+        if isinstance(layer, keras.layers.Embedding)
     ]
     high = min(vocabularies) if vocabularies else 2
     kinds = position_inputs(model)
