@@ -9,7 +9,8 @@ Run it:
 
     python examples/plot_encodings.py --out figures            # writes figures/*.png
     python examples/plot_encodings.py --out docs               # the README's figures, anew
-    python examples/plot_encodings.py --out figures --tiny     # small tables (or KERAS_POSENC_EXAMPLE_TINY=1)
+    python examples/plot_encodings.py --out figures --tiny     # small tables (also by
+                                                               # KERAS_POSENC_EXAMPLE_TINY=1)
     python examples/plot_encodings.py --out figures --only 2d  # only figures/sinusoidal_2d.png
 """
 
