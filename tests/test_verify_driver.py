@@ -11,6 +11,7 @@ import types
 
 import keras
 import numpy as np
+import onnxruntime
 import pytest
 
 from keras_posenc import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -200,3 +201,33 @@ def test_a_wrong_file_fails_by_the_difference_of_the_tables_and_the_report_is_wr
     assert report["runtimes"] == ["keras", "onnxruntime"]
     assert report["sizes"]["parameter_bytes"] == ROWS * WIDTH * 4
     assert len(lines) == 4 and all(line.endswith("FAIL") for line in lines)
+
+
+def test_timed_shapes_time_the_first_case_of_each_and_run_the_others_once(tmp_path):
+    exported = _learned(1)
+    onnx_path = kpe.save_onnx(exported, tmp_path / "model.onnx")
+    calls = []
+    session_run = onnxruntime.InferenceSession.run
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return session_run(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnxruntime.InferenceSession, "run", counted)
+        report = kpe.verify_export(
+            exported,
+            onnx_path=onnx_path,
+            batch_sizes=(1, 2),
+            sequence_lengths=(3,),
+            repeats=4,
+            timed_shapes=[(2, 3)],
+        )
+    latencies = {
+        (case["batch"], case["sequence"]): case["runtimes"]["onnxruntime"]["latency_ms"]
+        for case in report["cases"]
+    }
+    assert latencies[(2, 3)] > 0
+    assert all(latency is None for shape, latency in latencies.items() if shape != (2, 3))
+    # One compared call per case, and the repeats of the one timed case.
+    assert len(calls) == len(report["cases"]) + 4

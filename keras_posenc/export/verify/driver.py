@@ -98,6 +98,7 @@ def verify_export(
     max_sequence_length: int | None = None,
     make_inputs: Callable[[int, int], dict[str, np.ndarray]] | None = None,
     repeats: int = 5,
+    timed_shapes: Sequence[tuple[int, int]] | None = None,
     report_path: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     raise_on_failure: bool = True,
@@ -116,7 +117,7 @@ def verify_export(
     float16 model, Keras included, are compared with its float32 twin at
     `atol=rtol=1e-2`. A bfloat16 model is checked as the float32 copy that was exported
     (see `exportable_model`). Latency is the median of `repeats` calls per runtime,
-    interleaved, after a warm-up.
+    interleaved, after a warm-up (the first call, which is also the one compared).
 
     Example:
 
@@ -140,7 +141,10 @@ def verify_export(
             past it (default: the smallest learned table, else no bound).
         make_inputs: `make_inputs(batch, sequence)` returns `{input name: array}`;
             default `coverage.default_inputs` (with the starts described above).
-        repeats: timed calls per runtime and case.
+        repeats: timed calls per runtime and timed case.
+        timed_shapes: `(batch, sequence)` pairs to time (the first case of each); the
+            others are run once, compared, and get `latency_ms` None. Default: every case.
+            Timing is most of a verification's time when every case is timed.
         report_path: where to write the report as JSON (whole or not at all), if given.
         progress: called with a line of text after each case.
         raise_on_failure: raise `VerificationError` (after writing the report) on failure.
@@ -165,12 +169,17 @@ def verify_export(
     compared = runtimes.names if planned.twin is not None else runtimes.names[1:]
     started = time.perf_counter()
     cases, covered, covered_axes = [], [], {}
+    to_time = None if timed_shapes is None else {tuple(shape) for shape in timed_shapes}
     for shape in planned.cases:
         feeds = planned.feeds_for(shape)
         covered.append(covered_positions(planned.model, feeds, shape["sequence"]))
         for name, per_axis in covered_coordinates(planned.model, feeds).items():
             covered_axes.setdefault(name, []).append(per_axis)
-        cases.append(run_case(planned, runtimes, compared, shape, feeds, repeats))
+        key = (shape["batch"], shape["sequence"])
+        timed = to_time is None or key in to_time
+        if to_time is not None:
+            to_time.discard(key)
+        cases.append(run_case(planned, runtimes, compared, shape, feeds, repeats if timed else 0))
         if progress is not None:
             progress(progress_line(cases[-1], compared))
     report = assemble_report(
@@ -274,7 +283,8 @@ def run_case(
     """One case: every runtime run on `feeds`, timed, and compared with the reference.
 
     Returns the case (`shape` without its `probe_offset`) with, per runtime, its errors
-    (for those compared), `passed` and `latency_ms`; and whether all compared passed.
+    (for those compared), `passed` and `latency_ms` (None with `repeats=0`: not timed);
+    and whether all compared passed.
     """
     calls = runtimes.calls(feeds)
     outputs = run_outputs(calls)
@@ -284,7 +294,7 @@ def run_case(
     else:
         reference = outputs["keras"]
     working = {n: c for n, c in calls.items() if "error" not in outputs[n]}
-    latencies = median_latencies(working, repeats)
+    latencies = median_latencies(working, repeats) if repeats else {}
     case = {k: v for k, v in shape.items() if k != "probe_offset"}
     case["runtimes"] = {}
     for name in runtimes.names:
