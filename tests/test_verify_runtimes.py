@@ -52,6 +52,14 @@ def test_the_onnx_session_is_quiet_and_takes_its_threads_and_spinning():
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     default = runtimes.onnx_session(proto).get_session_options()
     assert default.intra_op_num_threads == 0  # onnxruntime's own choice
+    assert default.enable_cpu_mem_arena
+    assert not runtimes.onnx_session(proto, arena=False).get_session_options().enable_cpu_mem_arena
+
+
+def test_the_verifications_onnx_runner_gives_its_memory_back():
+    proto, _ = _add_graph()
+    session = runtimes.OnnxRunner(proto.SerializeToString()).session
+    assert not session.get_session_options().enable_cpu_mem_arena
 
 
 @pytest.fixture(scope="module")
