@@ -13,14 +13,33 @@ from keras import ops
 from keras_posenc._tf import in_xla_context
 
 
-def known_int(value):
-    """`value` as a Python int when it is known now (a number, eager or constant), else None."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"cache_update_index must be an integer, got the bool {value!r}.")
+def known_int(value, name: str = "cache_update_index"):
+    """`value` as a Python int when it is known now (a number, eager or constant), else None.
+
+    Raises:
+        TypeError: `value` is not an integer (a float, a string, a bool, a float tensor) or
+            not a scalar: nothing is truncated or broadcast into a slot.
+    """
+    what = f"{name} must be an integer (the cache slot of the first new token)"
+    if isinstance(value, (bool, np.bool_, float, np.floating, str, bytes)):
+        raise TypeError(f"{what}, got {value!r}.")
     if isinstance(value, (int, np.integer)):
         return int(value)
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and not tf.as_dtype(dtype).is_integer:
+        raise TypeError(f"{what}, got a {tf.as_dtype(dtype).name} value.")
     known = tf.get_static_value(value)
-    return None if known is None else int(known)
+    if known is None:
+        return None
+    known = np.asarray(known)
+    if known.ndim:
+        raise TypeError(
+            f"{name} must be a scalar, got shape {known.shape}: pass the slot itself "
+            f"(index[0] of a one-element array)."
+        )
+    if not np.issubdtype(known.dtype, np.integer):
+        raise TypeError(f"{what}, got {known!r}.")
+    return int(known)
 
 
 def checked_update_index(cache_update_index):
@@ -78,7 +97,7 @@ def checked_slots(index, new, max_length: int):
     converters (tf2onnx, TFLite) drop assertions, the new queries, keys and values of
     every graph also become NaN.
     """
-    known_index, known_new = known_int(index), known_int(new)
+    known_index, known_new = known_int(index), known_int(new, "the number of new tokens")
     if known_index is not None and known_new is not None:
         if not 0 <= known_index <= max_length - known_new:
             raise ValueError(
@@ -145,7 +164,44 @@ def checked_cache(cache, kv_heads: int, key_dim: int, value_dim: int) -> tuple[t
         )
     if shape[2] is None:
         raise ValueError("The cache's max_length (axis 2) must be known, got None.")
+    if not cache.dtype.is_floating:
+        raise TypeError(
+            f"cache must hold floating-point keys and values, got {cache.dtype.name}: an "
+            "integer cache would truncate them. Start from np.zeros(shape, 'float32')."
+        )
     return cache, int(shape[2])
+
+
+def checked_batches(cache, queries, cache_mask):
+    """Refuses a cache (or cache_mask) whose batch is not the queries' where both are known;
+    else a scalar validity tensor (None when known equal) that makes the outputs NaN.
+
+    Broadcasting a batch-1 cache over a larger batch would answer every row with the
+    first row's history: plausible, and wrong.
+    """
+    batch, cache_batch = queries.shape[0], cache.shape[0]
+    if batch is not None and cache_batch is not None and batch != cache_batch:
+        raise ValueError(
+            f"The cache has batch {cache_batch} but the queries {batch}: give each row "
+            "its own cache, (batch, 2, max_length, num_key_value_heads, head_dim)."
+        )
+    if cache_mask is not None:
+        mask_batch = cache_mask.shape[0]
+        if mask_batch is not None and cache_batch is not None and mask_batch != cache_batch:
+            raise ValueError(
+                f"cache_mask has batch {mask_batch} but the cache {cache_batch}: one row "
+                "of cache_mask per cache row, (batch, max_length)."
+            )
+    if batch is not None and cache_batch is not None:
+        return None
+    same = tf.equal(tf.shape(queries)[0], tf.shape(cache)[0])
+    if not tf.executing_eagerly():
+        assertion = tf.debugging.Assert(
+            same, ["The cache's batch is not the queries' batch:", tf.shape(cache)[0]]
+        )
+        with tf.control_dependencies([assertion]):
+            same = tf.identity(same)
+    return same
 
 
 def checked_cache_mask(cache_mask, max_length: int):
@@ -159,6 +215,24 @@ def checked_cache_mask(cache_mask, max_length: int):
             f"got {cache_mask.shape}: one entry per cache slot, false for padding."
         )
     return cache_mask
+
+
+def checked_attention_mask(attention_mask, steps, max_length: int):
+    """`attention_mask` with a cache: None, or `(batch, steps, max_length)` over the slots."""
+    if attention_mask is None:
+        return None
+    attention_mask = tf.convert_to_tensor(attention_mask)
+    shape = attention_mask.shape
+    known_steps = steps if isinstance(steps, int) else None
+    if shape.rank != 3 or any(
+        size is not None and want is not None and size != want
+        for size, want in zip(shape[1:], (known_steps, max_length), strict=True)
+    ):
+        raise ValueError(
+            f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
+            f"{max_length}): one entry per new query and cache slot, got {shape}."
+        )
+    return attention_mask
 
 
 def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:

@@ -19,6 +19,8 @@ from keras import ops
 
 from keras_posenc import _tf
 from keras_posenc._kv_cache import (
+    checked_attention_mask,
+    checked_batches,
     checked_cache,
     checked_cache_call,
     checked_cache_mask,
@@ -301,8 +303,11 @@ class RotaryAttention:
         steps, new = static_size(query_heads, 1), static_size(key_heads, 1)
 
         valid = checked_slots(index, new, max_length)
-
         cache_mask = checked_cache_mask(cache_mask, max_length)
+        same_batch = checked_batches(cache, query_heads, cache_mask)
+        if same_batch is not None:
+            valid = same_batch if valid is None else valid & same_batch
+        attention_mask = checked_attention_mask(attention_mask, steps, max_length)
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = positions_from_mask(cache_mask)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from keras_posenc import _tf
 from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
@@ -79,6 +80,13 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
             },
             kwargs,
         )
+        for name, value in (
+            ("head_dim", head_dim),
+            ("num_query_heads", num_query_heads),
+            ("num_key_value_heads", num_key_value_heads),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: it must be a positive integer.")
         super().__init__(head_dim, num_query_heads, num_key_value_heads, **kwargs)
         self._init_rotary(options, positions_from_mask)
 
