@@ -110,7 +110,7 @@ def test_exported_decode_step_verifies_and_generates_like_keras(tmp_path, padded
         feeds = {
             "token_ids": rng.integers(0, VOCABULARY, (batch, sequence)).astype(np.int32),
             "cache": rng.normal(size=(batch, 2, MAX_LENGTH, KV_HEADS, HEAD_DIM)).astype("f4"),
-            "cache_update_index": np.array(MAX_LENGTH - sequence - 1, np.int32),
+            "cache_update_index": np.array(max(MAX_LENGTH - sequence - 1, 0), np.int32),
         }
         if padded:
             feeds["padding_mask"] = (rng.random((batch, MAX_LENGTH)) < 0.8).astype(np.int32)

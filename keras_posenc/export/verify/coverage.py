@@ -60,7 +60,8 @@ def checked_sizes(values, name: str) -> tuple[int, ...]:
 
 
 def longest_sequence(model: keras.Model) -> int | None:
-    """The longest sequence the model allows, when its layers say: the smallest learned table."""
+    """The longest sequence the model allows, when its layers say: the smallest learned
+    table, or the slots of a key/value cache the model writes."""
     from keras_posenc.learned import LearnedPositionalEmbedding
 
     lengths = [
@@ -68,7 +69,25 @@ def longest_sequence(model: keras.Model) -> int | None:
         for layer in _tf.all_layers(model)
         if isinstance(layer, LearnedPositionalEmbedding)
     ]
+    lengths += cache_lengths(model).values()
     return min(lengths) if lengths else None
+
+
+def cache_lengths(model: keras.Model) -> dict[str, int]:
+    """`{input name: cache max_length}` of the inputs the model passes as a layer's
+    `cache_update_index` (a decode step): a slot, not a position to probe with."""
+    names = {
+        id(tensor): spec.name
+        for spec, tensor in zip(input_signature(model), model.inputs, strict=True)
+    }
+    lengths = {}
+    for layer in _tf.all_layers(model):
+        for arguments in _tf.call_keyword_arguments(layer):
+            name = names.get(id(arguments.get("cache_update_index")))
+            cache = arguments.get("cache")
+            if name is not None and cache is not None and cache.shape[2] is not None:
+                lengths[name] = min(lengths.get(name, cache.shape[2]), int(cache.shape[2]))
+    return lengths
 
 
 def position_limit(model: keras.Model, max_sequence_length: int | None = None) -> int:
@@ -78,19 +97,21 @@ def position_limit(model: keras.Model, max_sequence_length: int | None = None) -
 
 
 def position_inputs(model: keras.Model) -> dict[str, str]:
-    """The model's integer inputs that carry positions: `{name: "start_index" | "positions"}`.
+    """The model's integer inputs that carry positions:
+    `{name: "start_index" | "positions" | "cache_update_index"}`.
 
-    A scalar integer input is a start index. An integer input of rank 1 to 3 carries
+    An input passed as a layer's `cache_update_index` is the cache slot of a decode step;
+    another scalar integer input is a start index. An integer input of rank 1 to 3 carries
     positions when the model passes it as `positions=` (or `query_positions=`,
     `key_positions=`) to a layer, or when its name says `position`; others are token ids.
     """
-    kinds = {}
+    kinds = dict.fromkeys(cache_lengths(model), "cache_update_index")
     by_id = {}
     for spec, tensor in zip(input_signature(model), model.inputs, strict=True):
         if not spec.dtype.is_integer:
             continue
         if spec.shape.rank == 0:
-            kinds[spec.name] = "start_index"
+            kinds.setdefault(spec.name, "start_index")
         elif "position" in spec.name.lower():
             kinds[spec.name] = "positions"
         by_id[id(tensor)] = spec.name
@@ -299,6 +320,7 @@ def default_inputs(
     ]
     high = min(vocabularies) if vocabularies else 2
     kinds = position_inputs(model)
+    longest_slots = cache_lengths(model)
     axes = position_axes(model)
     limit = position_limit(model, longest)
     feeds = {}
@@ -316,6 +338,8 @@ def default_inputs(
             value = rng.standard_normal(shape)
         elif spec.dtype == tf.bool:
             value = rng.integers(0, 2, shape)
+        elif kind == "cache_update_index":  # a slot where the case's tokens fit the cache
+            value = np.array(rng.integers(0, max(longest_slots[spec.name] - sequence, 0) + 1))
         elif kind == "start_index" or spec.shape.rank == 0:
             value = np.array(start_index or 0)
         elif kind == "positions":
