@@ -1,4 +1,4 @@
-"""Verification of an exported decoder: the same greedy tokens as Keras, and logits within float32's tolerance.
+"""Verification of an exported decoder: Keras's greedy tokens, and logits within float32 tolerance.
 
 Two cases: batch 1 without padding, and a batch of 4 prompts padded on the left by 0, 1,
 2 and 3 tokens; each runs a prompt of `PROMPT` tokens in one call, then `STEPS` single
