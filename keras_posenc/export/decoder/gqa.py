@@ -9,8 +9,9 @@ cache (`seqlens_k = sum(attention_mask) - 1`), and in a prompt (the first call, 
 sequence as long as the mask) the tokens after them as padding: a right-padded prompt.
 The genai interface pads prompts on the left, so the graph turns the new tokens of each
 row around (`GatherElements` by `(j + pad) mod sequence`, `pad` the row's zeros among
-the new tokens) before the embedding and back after the last norm. A decode step (no
-padding among the new tokens) is left as it is: `pad = 0`. A row's cache then holds its
+the new tokens, found as the first 1) before the embedding and back after the last norm.
+A right-padded prompt (what onnxruntime-genai itself feeds) and a decode step have
+`pad = 0` and are left as they are. A row's cache then holds its
 tokens from slot 0, and a token's position is the count of 1s before it in its row of
 the mask, as the interface defines.
 """
@@ -69,8 +70,9 @@ class GqaAttention:
                 g.constant([1], i64),
             ],
         )
-        valid = g.node("ReduceSum", [new_mask, g.constant([1], i64)], keepdims=1)  # (B, 1)
-        pad = g.node("Sub", [length, valid])
+        # The first real token of each row (0 for a right-padded or unpadded row).
+        first = g.node("ArgMax", [g.node("Cast", [new_mask], to=6)], axis=1, keepdims=1)
+        pad = first  # (B, 1)
         columns = g.node(
             "Range",
             [
