@@ -254,8 +254,23 @@ def onnx_against_tensorflow(batch: int, steps: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed (64)")
+    parser.add_argument(
+        "--part",
+        choices=("all", "floor", "xla"),
+        default="all",
+        help="floor: the exported step against the genai-style GQA graph (decode_floor.py); "
+        "xla: the Keras XLA step against keras_hub",
+    )
+    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds (floor)")
     args = parser.parse_args(argv)
     results = {}
+    if args.part in ("all", "floor"):
+        from benchmarks import decode_floor
+
+        print("\nonnxruntime, ms per step (median), one thread, shared cache buffers:")
+        results["floor"] = decode_floor.main(args.rounds)
+        if args.part == "floor":
+            return results
     for batch in (1, 8):
         results[f"generation_{batch}"] = generation(args.steps, batch)
         print(

@@ -26,6 +26,8 @@ if keras.backend.backend() != "tensorflow":
     )
 
 from keras_posenc.axes import grid_positions, multimodal_positions  # noqa: E402
+from keras_posenc.decoder_block import DecoderBlock  # noqa: E402
+from keras_posenc.decoder_models import decoder_models  # noqa: E402
 from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
 from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
 from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
@@ -40,6 +42,7 @@ from keras_posenc.sinusoidal import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "DecoderBlock",
     "FrequencyTable",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
@@ -47,6 +50,7 @@ __all__ = [
     "RotaryMultiHeadAttention",
     "SinusoidalInitializer",
     "SinusoidalPositionalEncoding",
+    "decoder_models",
     "grid_positions",
     "inverse_frequencies",
     "multimodal_positions",

@@ -36,6 +36,7 @@ print(report["summary"]["litert"]["max_abs_error"])
 ```
 """
 
+from keras_posenc.export.decoder import save_decoder
 from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import (
     is_saved_model,
@@ -116,6 +117,7 @@ __all__ = [
     "position_limit",
     "recover",
     "recover_interrupted",
+    "save_decoder",
     "save_litert",
     "verification_cases",
     "written_by_package",

@@ -1,0 +1,124 @@
+"""Verification of an exported decoder: Keras's greedy tokens, and logits within float32 tolerance.
+
+Two cases: batch 1 without padding, and a batch of 4 prompts padded on the left by 0, 1,
+2 and 3 tokens; each runs a prompt of `PROMPT` tokens in one call, then `STEPS` single
+tokens (fewer where the cache has fewer slots), every runtime fed its own argmax. Passed:
+the tokens are identical, and every logit of the prompt's real tokens and of every step
+is within `atol + rtol·|Keras|` (atol 1e-5, rtol 1e-4: optimum's and transformers' ONNX
+validation). A failure names the case, the step and the row of the worst logit, or of
+the first different token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ATOL, RTOL = 1e-5, 1e-4
+PROMPT, STEPS = 8, 64
+PADS = (0, 1, 2, 3)
+
+
+def decoder_cases(vocabulary: int, max_length: int, seed: int = 0) -> list[dict]:
+    """`[{"name", "prompts", "mask", "steps"}]`: batch 1, and batch 4 left-padded."""
+    if max_length < PROMPT + 1:
+        raise ValueError(f"Verification needs max_length >= {PROMPT + 1}, got {max_length}.")
+    rng = np.random.default_rng(seed)
+    steps = min(STEPS, max_length - PROMPT)
+    cases = []
+    for name, pads in (("batch 1", (0,)), ("batch 4 left-padded", PADS)):
+        prompts = rng.integers(1, vocabulary, (len(pads), PROMPT)).astype(np.int64)
+        mask = np.ones_like(prompts)
+        for row, pad in enumerate(pads):
+            prompts[row, :pad], mask[row, :pad] = 0, 0
+        cases.append({"name": name, "prompts": prompts, "mask": mask, "steps": steps})
+    return cases
+
+
+def _errors(expected: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(abs error, relative error, excess over the tolerance)`, element by element."""
+    expected, got = np.asarray(expected, np.float64), np.asarray(got, np.float64)
+    absolute = np.abs(got - expected)
+    absolute = np.where(np.isnan(absolute), np.inf, absolute)
+    relative = absolute / np.maximum(np.abs(expected), np.finfo(np.float32).tiny)
+    return absolute, relative, absolute - (ATOL + RTOL * np.abs(expected))
+
+
+def compare_greedy(expected, got, mask: np.ndarray) -> dict:
+    """Tokens and logits of one runtime against Keras's (`greedy.keras_greedy`'s outputs).
+
+    Logits are compared up to the first step whose tokens differ (later ones follow other
+    tokens). Step 0 is the prompt (its real tokens only); step `s` the `s`-th single token.
+    """
+    keras_tokens, keras_logits = expected
+    tokens, logits = got
+    differ = np.argwhere(keras_tokens != tokens)
+    last = int(differ[:, 1].min()) if len(differ) else keras_tokens.shape[1] - 1
+    worst = {"excess": -np.inf}
+    max_abs = max_rel = 0.0
+    for step in range(last + 1):
+        if step == 0:  # the prompt's real tokens
+            rows = np.nonzero(mask.astype(bool))
+            a, r, e = _errors(keras_logits[0][rows], logits[0][rows])
+            row_of = rows[0]
+        else:
+            a, r, e = _errors(keras_logits[step], logits[step])
+            row_of = np.arange(a.shape[0])
+        max_abs, max_rel = max(max_abs, float(a.max())), max(max_rel, float(r.max()))
+        at = np.unravel_index(np.argmax(e), e.shape)
+        if e[at] > worst["excess"]:
+            worst = {"excess": float(e[at]), "step": step, "row": int(row_of[at[0]])}
+    result = {
+        "same_tokens": not len(differ),
+        "max_abs_error": max_abs,
+        "max_rel_error": max_rel,
+        "worst_step": worst["step"],
+        "worst_row": worst["row"],
+        "within_tolerance": worst["excess"] <= 0,
+    }
+    if len(differ):
+        step, row = int(differ[:, 1].min()), int(differ[differ[:, 1].argmin(), 0])
+        result["first_different_token"] = {"step": step, "row": row}
+    result["passed"] = result["same_tokens"] and result["within_tolerance"]
+    return result
+
+
+def failure_message(report: dict) -> str | None:
+    """None when every runtime passed every case; otherwise what failed, and where."""
+    failures = []
+    for case in report["cases"]:
+        for runtime, result in case["runtimes"].items():
+            if result["passed"]:
+                continue
+            where = result.get("first_different_token")
+            if where is not None:
+                what = f"a different token at step {where['step']}, row {where['row']}"
+            else:
+                what = (
+                    f"logits off by {result['max_abs_error']:.2e} (worst at step "
+                    f"{result['worst_step']}, row {result['worst_row']}; allowed "
+                    f"{ATOL:g} + {RTOL:g}·|Keras|)"
+                )
+            failures.append(f"{runtime}, {case['name']}: {what}")
+    if not failures:
+        return None
+    return "The exported decoder does not generate as Keras does: " + "; ".join(failures) + "."
+
+
+def verify_decoder(step_model, runtimes: dict, max_length: int, vocabulary: int) -> dict:
+    """Runs every case in Keras and in each of `runtimes` (`name -> greedy(prompts, mask,
+    steps) -> (tokens, logits)`); returns the report (see `failure_message`)."""
+    from keras_posenc.export.decoder.greedy import keras_greedy
+
+    report = {"tolerance": {"atol": ATOL, "rtol": RTOL}, "cases": []}
+    for case in decoder_cases(vocabulary, max_length):
+        prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
+        expected = keras_greedy(step_model, prompts, mask, steps)
+        results = {
+            name: compare_greedy(expected, run(prompts, mask, steps), mask)
+            for name, run in runtimes.items()
+        }
+        report["cases"].append(
+            {"name": case["name"], "batch": len(prompts), "steps": steps, "runtimes": results}
+        )
+    report["passed"] = failure_message(report) is None
+    return report

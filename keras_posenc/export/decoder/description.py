@@ -1,0 +1,254 @@
+"""A decoder as plain arrays and settings: what every decoder emitter (ONNX, LiteRT) reads.
+
+`describe_decoder(model, max_length)` reads a decode-step model made the way
+`keras_posenc.decoder_models` makes it (`Embedding -> DecoderBlock... -> RMSNormalization ->
+Dense`) and refuses anything else with an error that names the layer. The RoPE tables are
+the package's own: float64 on the host, rounded once to float32, one row per position
+`0..max_length-1`, shape `(max_length, rotary_dim / 2)` (onnxruntime's cos/sin caches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from keras_posenc import _tf
+from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.export.errors import ExportError
+from keras_posenc.frequencies import FrequencyTable
+from keras_posenc.rope_scaling import rope_parameters
+
+# Layers a step model may hold besides the ones described (inputs, the named outputs).
+_PASSIVE = (keras.layers.InputLayer, keras.layers.Identity)
+
+
+@dataclasses.dataclass(frozen=True)
+class Norm:
+    """RMSNorm: `x / sqrt(mean(x²) + epsilon) * scale`."""
+
+    scale: np.ndarray
+    epsilon: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """RoPE as onnxruntime's caches: `cos`/`sin` `(max_length, rotary_dim / 2)` float32."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    interleaved: bool
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.cos.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+    """Grouped-query attention; kernels as `(in, out)` matrices, heads in order."""
+
+    num_heads: int
+    kv_num_heads: int
+    head_dim: int
+    scale: float
+    query: np.ndarray  # (width, num_heads * head_dim)
+    key: np.ndarray  # (width, kv_num_heads * head_dim)
+    value: np.ndarray  # (width, kv_num_heads * head_dim)
+    output: np.ndarray  # (num_heads * head_dim, width)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mlp:
+    """`"swiglu"`: `down(silu(x @ gate) * (x @ up))`; `"gelu"`: `down(gelu_erf(x @ up))`."""
+
+    kind: str
+    gate: np.ndarray | None
+    up: np.ndarray
+    down: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    attention_norm: Norm
+    attention: Attention
+    mlp_norm: Norm
+    mlp: Mlp
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+    """A pre-norm decoder: embedding, blocks with residuals, final norm, head."""
+
+    embedding: np.ndarray  # (vocabulary, width)
+    blocks: tuple[Block, ...]
+    final_norm: Norm
+    head: np.ndarray  # (width, vocabulary)
+    head_bias: np.ndarray | None
+    rope: Rope
+    max_length: int
+
+    @property
+    def vocabulary(self) -> int:
+        return self.embedding.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.embedding.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def attention(self) -> Attention:
+        """The first block's attention (every block has the same head counts)."""
+        return self.blocks[0].attention
+
+
+def _array(variable) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+
+
+def _norm(layer) -> Norm:
+    if not isinstance(layer, keras.layers.RMSNormalization) or layer.axis not in (-1, [-1]):
+        raise ExportError(f"Layer {layer.name!r} ({type(layer).__name__}) is not an RMSNorm.")
+    return Norm(_array(layer.scale), float(layer.epsilon))
+
+
+def rope_tables(rope_layer, head_dim: int, max_length: int) -> Rope:
+    """The rows of `rope_layer` (a built `RotaryEmbedding`) for positions `0..max_length-1`.
+
+    Raises:
+        ExportError: the scaling switches frequencies by total length (`dynamic`,
+            `longrope`) below `max_length`: one table then cannot serve every step.
+    """
+    rotary_dim = rope_layer.rotary_dim or head_dim
+    parameters = rope_parameters(rotary_dim, rope_layer.max_wavelength, rope_layer.scaling)
+    switch = parameters.switch_length
+    if switch is not None and max_length > switch:
+        rope_type = rope_layer.scaling["rope_type"]
+        raise ExportError(
+            f"{rope_type!r} RoPE scaling changes its frequencies once the total length passes "
+            f"{switch}, and the keys already cached keep theirs: no one cos/sin table "
+            f"(what GroupQueryAttention reads) gives those rotations. Export with "
+            f"max_length <= {switch}, where the table is exact."
+        )
+    tables = rope_layer.position_tables()
+    frequencies = (
+        tables[0].frequencies
+        if tables
+        else FrequencyTable(parameters.inverse_frequencies, parameters.attention_factor)
+    )
+    sin, cos = frequencies.host_sin_cos(np.arange(max_length))
+    return Rope(
+        cos=cos.astype(np.float32),
+        sin=sin.astype(np.float32),
+        interleaved=rope_layer.layout == "interleaved",
+    )
+
+
+def _attention(layer) -> Attention:
+    heads, kv_heads, head_dim = layer.num_query_heads, layer.num_key_value_heads, layer.head_dim
+    if layer.use_bias or layer.use_gate or layer.sliding_window is not None:
+        raise ExportError(
+            f"Attention {layer.name!r}: biases, a gate and a sliding window are not exported "
+            "(the window counts cache slots, padding included; GroupQueryAttention counts "
+            "tokens)."
+        )
+
+    def kernel(part: str) -> np.ndarray:
+        return _array(_tf.attention_part(layer, part).kernel)
+
+    width = kernel("query_dense").shape[0]
+    return Attention(
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        head_dim=head_dim,
+        scale=float(_tf.attention_part(layer, "inverse_sqrt_head_dim")),
+        query=kernel("query_dense").reshape(width, heads * head_dim),
+        key=kernel("key_dense").reshape(width, kv_heads * head_dim),
+        value=kernel("value_dense").reshape(width, kv_heads * head_dim),
+        output=kernel("output_dense").reshape(heads * head_dim, width),
+    )
+
+
+def _block(block: DecoderBlock) -> Block:
+    mlp = Mlp(
+        kind=block.mlp,
+        gate=None if block.gate is None else _array(block.gate.kernel),
+        up=_array(block.up.kernel),
+        down=_array(block.down.kernel),
+    )
+    return Block(
+        _norm(block.attention_norm), _attention(block.attention), _norm(block.mlp_norm), mlp
+    )
+
+
+def _parts(model: keras.Model) -> tuple[list, list[DecoderBlock], list]:
+    """`(embeddings, blocks, others)` of `model`'s layers, refusing unknown ones."""
+    embeddings, blocks, others = [], [], []
+    for layer in model.layers:
+        if isinstance(layer, _PASSIVE):
+            continue
+        if isinstance(layer, keras.layers.Embedding):
+            embeddings.append(layer)
+        elif isinstance(layer, DecoderBlock):
+            blocks.append(layer)
+        elif isinstance(layer, (keras.layers.RMSNormalization, keras.layers.Dense)):
+            others.append(layer)
+        else:
+            raise ExportError(
+                f"save_decoder reads step models made of Embedding, DecoderBlock, "
+                f"RMSNormalization and a Dense head (keras_posenc.decoder_models); layer "
+                f"{layer.name!r} is a {type(layer).__name__}."
+            )
+    kinds = [type(layer).__name__ for layer in others]
+    if len(embeddings) != 1 or not blocks or kinds != ["RMSNormalization", "Dense"]:
+        raise ExportError(
+            f"save_decoder expects one Embedding, DecoderBlocks, then one RMSNormalization and "
+            f"one Dense head; {model.name!r} has {len(embeddings)} Embedding(s), "
+            f"{len(blocks)} DecoderBlock(s) and then {kinds}."
+        )
+    return embeddings, blocks, others
+
+
+def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
+    """The `Decoder` of a decode-step model (see the module docstring).
+
+    Raises:
+        ExportError: a layer that is not part of the convention, settings not exported
+            (biases, gated or windowed attention, a length-switching RoPE scaling past its
+            switch), or blocks that differ in head counts or RoPE.
+    """
+    (embedding,), blocks, (final_norm, head) = _parts(model)
+    first = blocks[0]
+    for block in blocks[1:]:
+        same = (block.num_query_heads, block.num_key_value_heads, block.head_dim) == (
+            first.num_query_heads,
+            first.num_key_value_heads,
+            first.head_dim,
+        )
+        if not same or block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]:
+            raise ExportError(f"DecoderBlock {block.name!r} differs from {first.name!r}.")
+    rope = first.attention.rotary_embedding
+    for block in blocks[1:]:
+        other = block.attention.rotary_embedding
+        if (other.max_wavelength, other.layout, other.rotary_dim) != (
+            rope.max_wavelength,
+            rope.layout,
+            rope.rotary_dim,
+        ):
+            raise ExportError(f"DecoderBlock {block.name!r} has another RoPE than {first.name!r}.")
+    if head.activation is not keras.activations.linear:
+        raise ExportError(f"The head {head.name!r} has an activation; logits are linear.")
+    return Decoder(
+        embedding=_array(embedding.embeddings),
+        blocks=tuple(_block(block) for block in blocks),
+        final_norm=_norm(final_norm),
+        head=_array(head.kernel),
+        head_bias=None if head.bias is None else _array(head.bias),
+        rope=rope_tables(rope, first.head_dim, int(max_length)),
+        max_length=int(max_length),
+    )

@@ -1,0 +1,63 @@
+"""A small helper for writing ONNX graphs node by node with `onnx.helper`."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MICROSOFT = "com.microsoft"
+
+
+class GraphBuilder:
+    """Nodes and initializers of one graph, with unique names made from a prefix."""
+
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._names: set[str] = set()
+        self._constants: dict[tuple, str] = {}
+
+    def name(self, base: str) -> str:
+        name, count = base, 0
+        while name in self._names:
+            count += 1
+            name = f"{base}_{count}"
+        self._names.add(name)
+        return name
+
+    def initializer(self, base: str, array: np.ndarray) -> str:
+        """A named initializer (a weight, a table)."""
+        name = self.name(base)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def constant(self, value, dtype) -> str:
+        """A small constant initializer, shared by every use of the same value."""
+        array = np.asarray(value, dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            self._constants[key] = self.initializer("const", array)
+        return self._constants[key]
+
+    def node(self, op: str, inputs: list[str], outputs=1, domain: str = "", **attributes):
+        """Adds a node; returns its output name (one output) or names (`outputs` a count
+        above 1, or a list of names, where `""` leaves an output unused)."""
+        if isinstance(outputs, int):
+            names = [self.name(f"{op}_out") for _ in range(outputs)]
+        else:
+            names = list(outputs)
+            self._names.update(name for name in names if name)
+        self.nodes.append(
+            helper.make_node(
+                op, inputs, names, name=self.name(f"{op}_node"), domain=domain, **attributes
+            )
+        )
+        return names[0] if len(names) == 1 else names
+
+    def model(self, inputs, outputs, opset: int, name: str = "decoder") -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
+        opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MICROSOFT, 1)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="keras_posenc")
+        model.ir_version = min(model.ir_version, 10)
+        return model

@@ -1,0 +1,147 @@
+"""A `Decoder` as an ONNX graph in onnxruntime-genai's decoder interface, made with `onnx.helper`.
+
+Inputs `input_ids` int64 `(batch, sequence)`, `attention_mask` int64 `(batch,
+total_sequence_length)`, `past_key_values.{i}.key|value` float32 `(batch,
+num_key_value_heads, max_length, head_dim)`; outputs `logits` `(batch, sequence,
+vocabulary)` and `present.{i}.key|value` of the past's shape, so that one buffer per layer
+can be bound as both (genai's past_present_share_buffer). No converter in between: the
+graph is what the genai model builder writes for a Llama-style model, node for node
+(`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
+the residual adds, MatMuls, the attention of `attention=`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from keras_posenc.export.decoder.description import Decoder, Mlp
+from keras_posenc.export.decoder.gqa import GqaAttention
+from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+
+GQA_OPSET = 21
+
+
+def _norm(g: GraphBuilder, x: str, scale: np.ndarray, epsilon: float, name: str) -> str:
+    return g.node(
+        "SimplifiedLayerNormalization",
+        [x, g.initializer(name, scale)],
+        axis=-1,
+        epsilon=epsilon,
+        stash_type=1,
+    )
+
+
+def _skip_norm(g, x: str, residual: str, scale, epsilon: float, name: str) -> tuple[str, str]:
+    """`(norm(x + residual), x + residual)` in one node."""
+    normed, total = g.node(
+        "SkipSimplifiedLayerNormalization",
+        [x, residual, g.initializer(name, scale)],
+        [g.name(f"{name}.out"), "", "", g.name(f"{name}.sum")],
+        domain=MICROSOFT,
+        epsilon=epsilon,
+    )[::3]
+    return normed, total
+
+
+def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
+    up = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.up_proj", mlp.up)])
+    if mlp.kind == "swiglu":
+        gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
+        silu = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
+        hidden = g.node("Mul", [silu, up])
+    else:
+        hidden = g.node("Gelu", [up], domain=MICROSOFT)
+    return g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.down_proj", mlp.down)])
+
+
+def interface(decoder: Decoder) -> tuple[list, list]:
+    """The graph's `(inputs, outputs)` value infos."""
+    attention = decoder.attention
+    cache = ["batch_size", attention.kv_num_heads, "past_sequence_length", attention.head_dim]
+    present = ["batch_size", attention.kv_num_heads, "total_sequence_length", attention.head_dim]
+    inputs = [
+        helper.make_tensor_value_info(
+            "input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]
+        ),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]
+        ),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", decoder.vocabulary]
+        )
+    ]
+    for i in range(decoder.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(
+                helper.make_tensor_value_info(
+                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache
+                )
+            )
+            outputs.append(
+                helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, present)
+            )
+    return inputs, outputs
+
+
+def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
+    """The ONNX model of `decoder` (see the module docstring).
+
+    Args:
+        decoder: from `describe_decoder`.
+        attention: `"gqa"` (`com.microsoft.GroupQueryAttention`) or `"standard"` (ONNX's
+            own operators only for the attention; see `standard.py`).
+    """
+    g = GraphBuilder()
+    if attention == "gqa":
+        attend, opset = GqaAttention(decoder), GQA_OPSET
+    elif attention == "standard":
+        from keras_posenc.export.decoder.standard import STANDARD_OPSET, StandardAttention
+
+        attend, opset = StandardAttention(decoder), STANDARD_OPSET
+    else:
+        raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
+    ids = attend.prepare(g, "input_ids", "attention_mask")
+    x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    first = decoder.blocks[0].attention_norm
+    hidden = _norm(g, x, first.scale, first.epsilon, "layers.0.input_layernorm")
+    residual = x
+    for i, block in enumerate(decoder.blocks):
+        attended = attend.layer(g, i, hidden, block.attention)
+        norm = block.mlp_norm
+        hidden, residual = _skip_norm(
+            g, attended, residual, norm.scale, norm.epsilon, f"layers.{i}.post_attention_layernorm"
+        )
+        mlp_out = _mlp(g, i, hidden, block.mlp)
+        if i + 1 < decoder.num_layers:
+            norm, name = decoder.blocks[i + 1].attention_norm, f"layers.{i + 1}.input_layernorm"
+        else:
+            norm, name = decoder.final_norm, "norm"
+        hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
+    hidden = attend.finish(g, hidden)
+    head = g.initializer("lm_head", decoder.head)
+    if decoder.head_bias is None:
+        g.node("MatMul", [hidden, head], ["logits"])
+    else:
+        logits = g.node("MatMul", [hidden, head])
+        g.node("Add", [logits, g.initializer("lm_head.bias", decoder.head_bias)], ["logits"])
+    inputs, outputs = interface(decoder)
+    model = g.model(inputs, outputs, opset)
+    check(model)
+    return model
+
+
+def check(model: onnx.ModelProto) -> None:
+    """`onnx.checker.check_model(full_check=True)`, but for `SimplifiedLayerNormalization`:
+    onnxruntime's own operator in ONNX's domain (as the genai builder writes it), which
+    ONNX has no schema for; the check runs on a copy that puts it in a domain of its own."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.op_type == "SimplifiedLayerNormalization" and node.domain == "":
+            node.domain = "onnxruntime.onnx_domain_op"
+    copy.opset_import.append(helper.make_opsetid("onnxruntime.onnx_domain_op", 1))
+    onnx.checker.check_model(copy, full_check=True)
