@@ -151,16 +151,22 @@ def _rope_entries(config: dict, family: Family, consumed: set) -> dict[str | Non
     live = {name: entry for name, entry in entries.items() if entry is not None}
     # transformers' order: the family's own keys, then the generic top-level ones, then the
     # family's defaults. A generic key that the family's own keys replace is not read by
-    # transformers: left unconsumed, it is reported.
+    # transformers: it is refused, naming the family's own key.
     for key, (layer_type, rope_key) in family.legacy.items():
         consumed.add(key)
         if config.get(key) is not None:
             for name, entry in live.items():
                 if layer_type is None or name == layer_type:
                     entry.setdefault(rope_key, config[key])
-    replaced = {rope_key for _, rope_key in family.legacy.values()}
     for key in ("rope_theta", "partial_rotary_factor"):
-        if key in replaced and key not in family.legacy:
+        own = [name for name, (_, rope_key) in family.legacy.items() if rope_key == key]
+        if own and key not in family.legacy:
+            if config.get(key) is not None:
+                names = " / ".join(map(repr, own))
+                raise ValueError(
+                    f"This family reads {names}, not {key!r} (transformers ignores it): give "
+                    f"the value as {names}, or remove {key!r}."
+                )
             continue
         consumed.add(key)
         if config.get(key) is not None and key not in family.legacy:
@@ -266,6 +272,21 @@ def _mrope(entry: dict, family: Family) -> dict:
     return {"mrope_section": tuple(section), "mrope_interleaved": family.mrope_interleaved}
 
 
+def _whole_head(model_type: str, partial: float, scaling: dict | None, head_dim: int) -> float:
+    """The factor of a family whose attention rotates the whole head (`reads_partial` false)."""
+    covered = int(head_dim * partial)
+    if scaling is not None and covered != head_dim:
+        # Its default frequencies ignore the factor; the scaled ones (transformers' shared
+        # rope functions) read it, and their cos/sin no longer match the head.
+        raise ValueError(
+            f"partial_rotary_factor={partial}: {model_type}'s attention rotates the whole head, "
+            f"but transformers' {scaling['rope_type']!r} frequencies would cover {covered} of its "
+            f"{head_dim} channels and the transformers model fails: remove it (transformers "
+            "ignores it without scaling)."
+        )
+    return 1.0
+
+
 def _unread(config: dict, consumed: set) -> None:
     unread = sorted(
         key
@@ -316,7 +337,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     head_dim = _head_dim(config, model_type)
     if family.fixed:
         # GPT-J / CodeGen: base 10000 and no scaling in their code; only rotary_dim.
-        consumed.add("rotary_dim")
+        consumed.update({"rotary_dim", "partial_rotary_factor"})
         _unread(config, consumed)
         # Their config's default is 64; a null makes their code build its tables for the
         # whole width, not the head: refused by _positive_int.
@@ -328,6 +349,8 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
         theta, partial, scaling = _scaling(entry, config, original_top=None in entries)
         mrope = _mrope(entry, family)
+        if not family.reads_partial:
+            partial = _whole_head(model_type, partial, scaling, head_dim)
         rotary_dim = int(head_dim * partial)
     if rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(
