@@ -208,11 +208,31 @@ def _chosen(entries: dict, types: list[str], layer_type: str | None) -> tuple[st
     return layer_type, entries[layer_type]
 
 
-def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, float, dict | None]:
+def _phi3_names(scaling: dict) -> None:
+    """Phi3Config's renaming, in place: early Phi-3 configs call longrope "su" (or "yarn")."""
+    names = {scaling.get("type"), scaling.get("rope_type")}
+    if "su" in names and "original_max_position_embeddings" not in scaling:
+        # Phi3Config validates before it renames, and copies a top-level length only into
+        # the types it knows by then: an "su" without its own length is refused.
+        raise ValueError(
+            "phi3 rope_scaling type 'su' needs 'original_max_position_embeddings' inside "
+            "rope_scaling (transformers' Phi3Config refuses it without, even with a top-level "
+            "one): add it there, or name the type 'longrope'."
+        )
+    for key in ("type", "rope_type"):
+        if scaling.get(key) in ("su", "yarn"):
+            scaling[key] = "longrope"
+
+
+def _scaling(
+    entry: dict, config: dict, family: Family, original_top: bool
+) -> tuple[float, float, dict | None]:
     """`(theta, partial_rotary_factor, scaling dict or None)` of one rope parameter dict."""
     scaling = dict(entry)
     for key in ("mrope_section", "mrope_interleaved"):
         scaling.pop(key, None)  # read by _mrope
+    if config.get("model_type") == "phi3":
+        _phi3_names(scaling)
     if scaling.get("rope_type", scaling.get("type")) == "mrope":
         # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
         scaling.pop("type", None)
@@ -220,15 +240,14 @@ def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, floa
     if "type" in scaling and scaling.setdefault("rope_type", scaling["type"]) == scaling["type"]:
         del scaling["type"]  # when they differ, checked_scaling names both
     rope_type = scaling.setdefault("rope_type", "default")
-    if config.get("model_type") == "phi3" and rope_type in ("su", "yarn"):
-        # Phi3Config renames these: early Phi-3 configs call longrope "su".
-        rope_type = scaling["rope_type"] = "longrope"
     if "rope_theta" not in scaling:
         raise ValueError("The config gives no 'rope_theta' for this layer.")
     if rope_type in ("llama3", "yarn", "longrope"):
-        # As transformers' standardize_rope_params: a top-level original length (Phi-3) wins.
-        if original_top and "original_max_position_embeddings" in config:
-            scaling["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        # As transformers' standardize_rope_params: a top-level original length (Phi-3, whose
+        # config class always has one) wins over the rope parameters' own.
+        top = config.get("original_max_position_embeddings", family.original_length)
+        if original_top and top is not None:
+            scaling["original_max_position_embeddings"] = top
         elif "max_position_embeddings" in config:
             scaling.setdefault(
                 "original_max_position_embeddings", config["max_position_embeddings"]
@@ -347,7 +366,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         entries = _rope_entries(config, family, consumed)
         _unread(config, consumed)
         _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
-        theta, partial, scaling = _scaling(entry, config, original_top=None in entries)
+        theta, partial, scaling = _scaling(entry, config, family, original_top=None in entries)
         mrope = _mrope(entry, family)
         if not family.reads_partial:
             partial = _whole_head(model_type, partial, scaling, head_dim)

@@ -30,6 +30,9 @@ class Family:
         scaling_types: the layer types a transformers-4 `rope_scaling` applies to (None: all).
         fixed: the family's code takes no RoPE keys but `rotary_dim` (GPT-J, CodeGen).
         head_dim: its default `head_dim` (None: `hidden_size // num_attention_heads`).
+        original_length: its config class's default top-level
+            `original_max_position_embeddings`, which replaces the rope parameters' own for
+            llama3 / yarn / longrope frequencies (Phi-3: the attribute is always set).
         mrope: its multimodal RoPE's default `mrope_section` (None: 1D RoPE).
         mrope_interleaved: whether its M-RoPE interleaves the axes (Qwen3-VL) or chunks
             them (Qwen2-VL); fixed by the family's code, whatever the config says.
@@ -43,6 +46,7 @@ class Family:
     scaling_types: tuple[str, ...] | None = None
     fixed: bool = False
     head_dim: int | None = None
+    original_length: int | None = None
     mrope: tuple[int, ...] | None = None
     mrope_interleaved: bool = False
 
@@ -66,7 +70,7 @@ FAMILIES: dict[str, Family] = {
             "starcoder2",
         )
     },
-    "phi3": Family(),
+    "phi3": Family(original_length=4096),
     "mixtral": Family(theta=1e6, **_WHOLE),
     "qwen3": Family(head_dim=128, **_WHOLE),
     "gemma": Family(head_dim=256, **_WHOLE),

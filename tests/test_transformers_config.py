@@ -351,6 +351,10 @@ def test_one_layer_type_needs_no_choice_and_a_wrong_one_is_refused():
         ({**PHI3_128K, "rope_scaling": {**PHI3_128K["rope_scaling"], "long_factor": [1.0]}}, "48"),
         ({**LLAMA2_DYNAMIC, "max_position_embeddings": 4096.5}, "max_position_embeddings"),
         ({**DEEPSEEK_V3, "rope_interleave": "yes"}, "rope_interleave"),
+        (
+            {**PHI3_128K, "rope_scaling": {**PHI3_128K["rope_scaling"], "type": "su"}},
+            "'su' needs 'original_max_position_embeddings' inside",
+        ),
         ({**LLAMA31, "partial_rotary_factor": 0.5}, "partial_rotary_factor.*remove it"),
         (
             {**PYTHIA, "partial_rotary_factor": 0.5},

@@ -422,3 +422,50 @@ def test_partial_rotary_factor_with_scaling_where_transformers_fails_is_refused(
     with pytest.raises(ValueError, match="partial_rotary_factor.*remove it") as error:
         rotary_arguments(raw, layer_type)
     assert len(str(error.value)) < 400
+
+
+PHI3_SIZES = {**SIZES, "max_position_embeddings": 128}
+PHI3_FACTORS = {"short_factor": _ramp(1.0, 0.1), "long_factor": _ramp(1.0, 0.7)}
+
+
+@pytest.mark.parametrize(
+    "rope_scaling, top",
+    [
+        ({"type": "longrope", "original_max_position_embeddings": 32}, {}),
+        ({"type": "longrope"}, {}),
+        ({"type": "su", "original_max_position_embeddings": 32}, {}),
+        (
+            {"type": "su", "original_max_position_embeddings": 32},
+            {"original_max_position_embeddings": 16},
+        ),
+        ({"type": "yarn", "original_max_position_embeddings": 32}, {}),
+    ],
+)
+def test_phi3_original_length_is_the_one_transformers_uses(rope_scaling, top):
+    """Phi3Config's top-level original_max_position_embeddings (default 4096) always wins."""
+    raw = {"model_type": "phi3", **PHI3_SIZES, **top}
+    raw["rope_scaling"] = {**rope_scaling, **PHI3_FACTORS}
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    forms = [rotary_arguments(form) for form in (raw, config, config.to_dict())]
+    assert forms[0] == forms[1] == forms[2], forms
+    # The model's rotary module standardizes its config again, after the "su" renaming.
+    model = transformers.AutoModel.from_config(config).eval()
+    used = model.config.rope_parameters["original_max_position_embeddings"]
+    assert forms[0]["scaling"]["original_max_position_embeddings"] == used
+    ours = rope_parameters(16, forms[0]["max_wavelength"], forms[0]["scaling"])
+    assert ours.attention_factor == pytest.approx(model.rotary_emb.attention_scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("top", [{}, {"original_max_position_embeddings": 32}])
+def test_phi3_su_without_its_own_original_length_is_refused_as_transformers_does(top):
+    raw = {
+        "model_type": "phi3",
+        **PHI3_SIZES,
+        **top,
+        "rope_scaling": {"type": "su", **PHI3_FACTORS},
+    }
+    with pytest.raises(KeyError, match="original_max_position_embeddings"):
+        transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    with pytest.raises(ValueError, match="'su'.*original_max_position_embeddings") as error:
+        rotary_arguments(raw)
+    assert len(str(error.value)) < 400
