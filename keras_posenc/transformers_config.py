@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from keras_posenc.axes import checked_mrope_section
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.scaling_keys import checked_scaling, short_repr
 from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exported
@@ -287,8 +288,17 @@ def _mrope(entry: dict, family: Family) -> dict:
             f"'mrope_interleaved': {interleaved!r} differs from what this family's code does "
             f"({family.mrope_interleaved}); transformers ignores it: remove it."
         )
-    section = entry.get("mrope_section", family.mrope)
-    return {"mrope_section": tuple(section), "mrope_interleaved": family.mrope_interleaved}
+    try:
+        section = checked_mrope_section(entry.get("mrope_section", family.mrope), None)
+    except ValueError as error:
+        # An integer is not per-axis pair counts (transformers would split cos/sin into
+        # chunks of that size instead): say the form, with this family's default.
+        raise ValueError(
+            f"The config's {str(error).rstrip('.')}: give a list of pair counts per axis "
+            f"(temporal, height, width) such as {list(family.mrope)}, summing to half the "
+            "rotated channels."
+        ) from None
+    return {"mrope_section": section, "mrope_interleaved": family.mrope_interleaved}
 
 
 def _whole_head(model_type: str, partial: float, scaling: dict | None, head_dim: int) -> float:

@@ -97,6 +97,14 @@ DEEPSEEK_V3 = {
     },
     "rope_theta": 10000,
 }
+QWEN2_VL = {  # Qwen2-VL-7B-Instruct, transformers 4's config.json
+    "model_type": "qwen2_vl",
+    "hidden_size": 3584,
+    "num_attention_heads": 28,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+}
 GPTJ = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048}
 PYTHIA = {  # pythia-160m
     "model_type": "gpt_neox",
@@ -354,6 +362,14 @@ def test_one_layer_type_needs_no_choice_and_a_wrong_one_is_refused():
         (
             {**PHI3_128K, "rope_scaling": {**PHI3_128K["rope_scaling"], "type": "su"}},
             "'su' needs 'original_max_position_embeddings' inside",
+        ),
+        (
+            {**QWEN2_VL, "rope_scaling": {"type": "mrope", "mrope_section": 64}},
+            r"mrope_section.*list.*\[16, 24, 24\]",
+        ),
+        (
+            {**QWEN2_VL, "rope_scaling": {"type": "mrope", "mrope_section": [16, "24", 24]}},
+            "mrope_section.*positive integers",
         ),
         ({**LLAMA31, "partial_rotary_factor": 0.5}, "partial_rotary_factor.*remove it"),
         (
