@@ -97,14 +97,7 @@ DEEPSEEK_V3 = {
     },
     "rope_theta": 10000,
 }
-QWEN2_VL = {  # Qwen2-VL-7B-Instruct, transformers 4's config.json
-    "model_type": "qwen2_vl",
-    "hidden_size": 3584,
-    "num_attention_heads": 28,
-    "rope_theta": 1000000.0,
-    "max_position_embeddings": 32768,
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-}
+QWEN2_VL = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28}
 GPTJ = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048}
 PYTHIA = {  # pythia-160m
     "model_type": "gpt_neox",
