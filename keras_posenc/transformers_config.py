@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from keras_posenc.axes import checked_mrope_section
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.scaling_keys import checked_scaling, short_repr
 from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exported
@@ -151,16 +152,22 @@ def _rope_entries(config: dict, family: Family, consumed: set) -> dict[str | Non
     live = {name: entry for name, entry in entries.items() if entry is not None}
     # transformers' order: the family's own keys, then the generic top-level ones, then the
     # family's defaults. A generic key that the family's own keys replace is not read by
-    # transformers: left unconsumed, it is reported.
+    # transformers: it is refused, naming the family's own key.
     for key, (layer_type, rope_key) in family.legacy.items():
         consumed.add(key)
         if config.get(key) is not None:
             for name, entry in live.items():
                 if layer_type is None or name == layer_type:
                     entry.setdefault(rope_key, config[key])
-    replaced = {rope_key for _, rope_key in family.legacy.values()}
     for key in ("rope_theta", "partial_rotary_factor"):
-        if key in replaced and key not in family.legacy:
+        own = [name for name, (_, rope_key) in family.legacy.items() if rope_key == key]
+        if own and key not in family.legacy:
+            if config.get(key) is not None:
+                names = " / ".join(map(repr, own))
+                raise ValueError(
+                    f"This family reads {names}, not {key!r} (transformers ignores it): give "
+                    f"the value as {names}, or remove {key!r}."
+                )
             continue
         consumed.add(key)
         if config.get(key) is not None and key not in family.legacy:
@@ -202,11 +209,31 @@ def _chosen(entries: dict, types: list[str], layer_type: str | None) -> tuple[st
     return layer_type, entries[layer_type]
 
 
-def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, float, dict | None]:
+def _phi3_names(scaling: dict) -> None:
+    """Phi3Config's renaming, in place: early Phi-3 configs call longrope "su" (or "yarn")."""
+    names = {scaling.get("type"), scaling.get("rope_type")}
+    if "su" in names and "original_max_position_embeddings" not in scaling:
+        # Phi3Config validates before it renames, and copies a top-level length only into
+        # the types it knows by then: an "su" without its own length is refused.
+        raise ValueError(
+            "phi3 rope_scaling type 'su' needs 'original_max_position_embeddings' inside "
+            "rope_scaling (transformers' Phi3Config refuses it without, even with a top-level "
+            "one): add it there, or name the type 'longrope'."
+        )
+    for key in ("type", "rope_type"):
+        if scaling.get(key) in ("su", "yarn"):
+            scaling[key] = "longrope"
+
+
+def _scaling(
+    entry: dict, config: dict, family: Family, original_top: bool
+) -> tuple[float, float, dict | None]:
     """`(theta, partial_rotary_factor, scaling dict or None)` of one rope parameter dict."""
     scaling = dict(entry)
     for key in ("mrope_section", "mrope_interleaved"):
         scaling.pop(key, None)  # read by _mrope
+    if config.get("model_type") == "phi3":
+        _phi3_names(scaling)
     if scaling.get("rope_type", scaling.get("type")) == "mrope":
         # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
         scaling.pop("type", None)
@@ -214,15 +241,14 @@ def _scaling(entry: dict, config: dict, original_top: bool) -> tuple[float, floa
     if "type" in scaling and scaling.setdefault("rope_type", scaling["type"]) == scaling["type"]:
         del scaling["type"]  # when they differ, checked_scaling names both
     rope_type = scaling.setdefault("rope_type", "default")
-    if config.get("model_type") == "phi3" and rope_type in ("su", "yarn"):
-        # Phi3Config renames these: early Phi-3 configs call longrope "su".
-        rope_type = scaling["rope_type"] = "longrope"
     if "rope_theta" not in scaling:
         raise ValueError("The config gives no 'rope_theta' for this layer.")
     if rope_type in ("llama3", "yarn", "longrope"):
-        # As transformers' standardize_rope_params: a top-level original length (Phi-3) wins.
-        if original_top and "original_max_position_embeddings" in config:
-            scaling["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        # As transformers' standardize_rope_params: a top-level original length (Phi-3, whose
+        # config class always has one) wins over the rope parameters' own.
+        top = config.get("original_max_position_embeddings", family.original_length)
+        if original_top and top is not None:
+            scaling["original_max_position_embeddings"] = top
         elif "max_position_embeddings" in config:
             scaling.setdefault(
                 "original_max_position_embeddings", config["max_position_embeddings"]
@@ -262,8 +288,32 @@ def _mrope(entry: dict, family: Family) -> dict:
             f"'mrope_interleaved': {interleaved!r} differs from what this family's code does "
             f"({family.mrope_interleaved}); transformers ignores it: remove it."
         )
-    section = entry.get("mrope_section", family.mrope)
-    return {"mrope_section": tuple(section), "mrope_interleaved": family.mrope_interleaved}
+    try:
+        section = checked_mrope_section(entry.get("mrope_section", family.mrope), None)
+    except ValueError as error:
+        # An integer is not per-axis pair counts (transformers would split cos/sin into
+        # chunks of that size instead): say the form, with this family's default.
+        raise ValueError(
+            f"The config's {str(error).rstrip('.')}: give a list of pair counts per axis "
+            f"(temporal, height, width) such as {list(family.mrope)}, summing to half the "
+            "rotated channels."
+        ) from None
+    return {"mrope_section": section, "mrope_interleaved": family.mrope_interleaved}
+
+
+def _whole_head(model_type: str, partial: float, scaling: dict | None, head_dim: int) -> float:
+    """The factor of a family whose attention rotates the whole head (`reads_partial` false)."""
+    covered = int(head_dim * partial)
+    if scaling is not None and covered != head_dim:
+        # Its default frequencies ignore the factor; the scaled ones (transformers' shared
+        # rope functions) read it, and their cos/sin no longer match the head.
+        raise ValueError(
+            f"partial_rotary_factor={partial}: {model_type}'s attention rotates the whole head, "
+            f"but transformers' {scaling['rope_type']!r} frequencies would cover {covered} of its "
+            f"{head_dim} channels and the transformers model fails: remove it (transformers "
+            "ignores it without scaling)."
+        )
+    return 1.0
 
 
 def _unread(config: dict, consumed: set) -> None:
@@ -316,7 +366,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     head_dim = _head_dim(config, model_type)
     if family.fixed:
         # GPT-J / CodeGen: base 10000 and no scaling in their code; only rotary_dim.
-        consumed.add("rotary_dim")
+        consumed.update({"rotary_dim", "partial_rotary_factor"})
         _unread(config, consumed)
         # Their config's default is 64; a null makes their code build its tables for the
         # whole width, not the head: refused by _positive_int.
@@ -326,8 +376,10 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         entries = _rope_entries(config, family, consumed)
         _unread(config, consumed)
         _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
-        theta, partial, scaling = _scaling(entry, config, original_top=None in entries)
+        theta, partial, scaling = _scaling(entry, config, family, original_top=None in entries)
         mrope = _mrope(entry, family)
+        if not family.reads_partial:
+            partial = _whole_head(model_type, partial, scaling, head_dim)
         rotary_dim = int(head_dim * partial)
     if rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(

@@ -240,3 +240,53 @@ def test_save_onto_a_folder_with_a_users_file_is_refused(tiny_model, tmp_path):
         kpe.save_saved_model(tiny_model, target)
     assert (target / "NOTES.txt").read_text() == "mine"
     assert kpe.is_saved_model(target)
+
+
+def _record_syncs_and_renames(monkeypatch) -> list[tuple]:
+    """`("fsync", inode)` and `("replace", destination)` events, in the order they happen."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor):
+        events.append(("fsync", os.fstat(descriptor).st_ino))
+        real_fsync(descriptor)
+
+    def replace(source, destination):
+        real_replace(source, destination)
+        events.append(("replace", Path(destination)))
+
+    monkeypatch.setattr(kpe.files.os, "fsync", fsync)
+    monkeypatch.setattr(kpe.files.os, "replace", replace)
+    return events
+
+
+def _inode(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+@pytest.mark.skipif(os.name != "posix", reason="folders are synced where the OS allows it")
+def test_a_file_is_synced_before_its_rename_and_the_folder_after(tmp_path, monkeypatch):
+    events = _record_syncs_and_renames(monkeypatch)
+    target = kpe.write_json({"a": 1}, tmp_path / "report.json")
+    rename = events.index(("replace", target))
+    assert ("fsync", _inode(target)) in events[:rename]  # the content, before it is visible
+    assert ("fsync", _inode(tmp_path)) in events[rename + 1 :]  # the rename itself
+
+
+@pytest.mark.skipif(os.name != "posix", reason="folders are synced where the OS allows it")
+def test_every_file_and_folder_of_a_folder_is_synced_before_its_rename(tmp_path, monkeypatch):
+    target = tmp_path / "artifact"
+    _write_folder(target, "old")
+    events = _record_syncs_and_renames(monkeypatch)
+    _write_folder(target, "new")  # a replacement: two renames
+    last_rename = max(i for i, event in enumerate(events) if event == ("replace", target))
+    before = set(events[:last_rename])
+    for path in (
+        target / "data.txt",
+        target / "sub" / "more.txt",
+        target / kpe.files.MANIFEST,
+        target / "sub",
+        target,
+    ):
+        assert ("fsync", _inode(path)) in before, path
+    assert ("fsync", _inode(tmp_path)) in events[last_rename + 1 :]

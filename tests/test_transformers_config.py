@@ -97,6 +97,7 @@ DEEPSEEK_V3 = {
     },
     "rope_theta": 10000,
 }
+QWEN2_VL = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28}
 GPTJ = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64, "n_positions": 2048}
 PYTHIA = {  # pythia-160m
     "model_type": "gpt_neox",
@@ -351,6 +352,23 @@ def test_one_layer_type_needs_no_choice_and_a_wrong_one_is_refused():
         ({**PHI3_128K, "rope_scaling": {**PHI3_128K["rope_scaling"], "long_factor": [1.0]}}, "48"),
         ({**LLAMA2_DYNAMIC, "max_position_embeddings": 4096.5}, "max_position_embeddings"),
         ({**DEEPSEEK_V3, "rope_interleave": "yes"}, "rope_interleave"),
+        (
+            {**PHI3_128K, "rope_scaling": {**PHI3_128K["rope_scaling"], "type": "su"}},
+            "'su' needs 'original_max_position_embeddings' inside",
+        ),
+        (
+            {**QWEN2_VL, "rope_scaling": {"type": "mrope", "mrope_section": 64}},
+            r"mrope_section.*list.*\[16, 24, 24\]",
+        ),
+        (
+            {**QWEN2_VL, "rope_scaling": {"type": "mrope", "mrope_section": [16, "24", 24]}},
+            "mrope_section.*positive integers",
+        ),
+        ({**LLAMA31, "partial_rotary_factor": 0.5}, "partial_rotary_factor.*remove it"),
+        (
+            {**PYTHIA, "partial_rotary_factor": 0.5},
+            "reads 'rotary_pct', not 'partial_rotary_factor'",
+        ),
     ],
 )
 def test_configs_it_does_not_understand_are_errors_naming_the_key(config, message):
@@ -421,9 +439,15 @@ def test_docstring_examples_run():
 
 
 def test_a_crafted_head_size_allocates_nothing_before_build():
-    crafted = {**MISTRAL, "head_dim": 10**9, "partial_rotary_factor": 0.5}
+    crafted = {**PHI2, "head_dim": 10**9, "partial_rotary_factor": 0.5}
     tracemalloc.start()
     layer = RotaryEmbedding.from_transformers_config(crafted)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert layer.rotary_dim == 5 * 10**8 and peak < 2**20, peak
+
+
+def test_a_partial_rotary_factor_the_family_ignores_leaves_the_whole_head():
+    # transformers' Llama attention rotates every channel; its default frequencies ignore it.
+    assert rotary_arguments({**MISTRAL, "partial_rotary_factor": 0.5}) == arguments(1e4)
+    assert rotary_arguments({**GPTJ, "partial_rotary_factor": 0.5})["rotary_dim"] == 64

@@ -355,3 +355,117 @@ def test_published_configs_read_as_transformers_reads_them(name):
     theirs, attention_factor = init(text, "cpu", layer_type=layer_type)
     np.testing.assert_allclose(ours.inverse_frequencies, theirs.double().numpy(), rtol=2e-6)
     assert ours.attention_factor == pytest.approx(attention_factor, rel=1e-12)
+
+
+# Families whose own key replaces the generic `partial_rotary_factor` (transformers ignores a
+# top-level one there); the reader names both instead of reading either way.
+OWN_PARTIAL_KEY = {"gpt_neox": "rotary_pct"}
+
+
+def _first_rope_call(case, raw):
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+    ids = torch.tensor(np.random.default_rng(0).integers(1, 64, (2, LENGTH)))
+    return config, _rope_calls(case, config, model, ids)
+
+
+@pytest.mark.parametrize(
+    "model_type", sorted(name for name, family in FAMILIES.items() if family.mrope is None)
+)
+def test_a_top_level_partial_rotary_factor_is_read_as_transformers_reads_it(model_type):
+    """Most families' attention rotates the whole head whatever partial_rotary_factor says."""
+    case = next(case for case in CASES.values() if case.model_type == model_type)
+    own = {"rope_scaling", "rotary_pct", "partial_rotary_factor"}
+    raw = {"model_type": model_type, **case.sizes}
+    raw.update({key: value for key, value in case.raw.items() if key not in own})
+    raw["partial_rotary_factor"] = 0.5
+    if case.layer_types != (None,):
+        raw["num_hidden_layers"] = len(case.layer_types)
+    if model_type in OWN_PARTIAL_KEY:
+        with pytest.raises(
+            ValueError, match=f"partial_rotary_factor.*{OWN_PARTIAL_KEY[model_type]}"
+        ):
+            rotary_arguments(raw)
+        return
+    config, calls = _first_rope_call(case, raw)
+    for layer_type, call in zip(case.layer_types, calls, strict=True):
+        forms = [rotary_arguments(form, layer_type) for form in (raw, config, config.to_dict())]
+        assert forms[0] == forms[1] == forms[2], forms
+        layer = RotaryEmbedding.from_transformers_config(raw, layer_type=layer_type)
+        for pre, post in call:
+            pre, post = _numpy(pre, case.sequence_axis), _numpy(post, case.sequence_axis)
+            _close(case, _our_rotation(layer, pre), post)
+
+
+@pytest.mark.parametrize(
+    "model_type, scaling",
+    [
+        ("llama", {"type": "linear", "factor": 2.0}),
+        ("qwen2", {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+        ("cohere", {"type": "dynamic", "factor": 2.0}),
+        ("gemma3_text", {"rope_type": "linear", "factor": 8.0}),
+    ],
+)
+def test_partial_rotary_factor_with_scaling_where_transformers_fails_is_refused(
+    model_type, scaling
+):
+    """Scaled frequencies read the factor, the whole-head attention does not: transformers fails."""
+    case = next(case for case in CASES.values() if case.model_type == model_type)
+    raw = {"model_type": model_type, **case.sizes, **case.raw}
+    raw.update({"partial_rotary_factor": 0.5, "rope_scaling": scaling})
+    if case.layer_types != (None,):
+        raw["num_hidden_layers"] = len(case.layer_types)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        _first_rope_call(case, raw)
+    layer_type = "full_attention" if case.layer_types != (None,) else None
+    with pytest.raises(ValueError, match="partial_rotary_factor.*remove it") as error:
+        rotary_arguments(raw, layer_type)
+    assert len(str(error.value)) < 400
+
+
+PHI3_SIZES = {**SIZES, "max_position_embeddings": 128}
+PHI3_FACTORS = {"short_factor": _ramp(1.0, 0.1), "long_factor": _ramp(1.0, 0.7)}
+
+
+@pytest.mark.parametrize(
+    "rope_scaling, top",
+    [
+        ({"type": "longrope", "original_max_position_embeddings": 32}, {}),
+        ({"type": "longrope"}, {}),
+        ({"type": "su", "original_max_position_embeddings": 32}, {}),
+        (
+            {"type": "su", "original_max_position_embeddings": 32},
+            {"original_max_position_embeddings": 16},
+        ),
+        ({"type": "yarn", "original_max_position_embeddings": 32}, {}),
+    ],
+)
+def test_phi3_original_length_is_the_one_transformers_uses(rope_scaling, top):
+    """Phi3Config's top-level original_max_position_embeddings (default 4096) always wins."""
+    raw = {"model_type": "phi3", **PHI3_SIZES, **top}
+    raw["rope_scaling"] = {**rope_scaling, **PHI3_FACTORS}
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    forms = [rotary_arguments(form) for form in (raw, config, config.to_dict())]
+    assert forms[0] == forms[1] == forms[2], forms
+    # The model's rotary module standardizes its config again, after the "su" renaming.
+    model = transformers.AutoModel.from_config(config).eval()
+    used = model.config.rope_parameters["original_max_position_embeddings"]
+    assert forms[0]["scaling"]["original_max_position_embeddings"] == used
+    ours = rope_parameters(16, forms[0]["max_wavelength"], forms[0]["scaling"])
+    assert ours.attention_factor == pytest.approx(model.rotary_emb.attention_scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("top", [{}, {"original_max_position_embeddings": 32}])
+def test_phi3_su_without_its_own_original_length_is_refused_as_transformers_does(top):
+    raw = {
+        "model_type": "phi3",
+        **PHI3_SIZES,
+        **top,
+        "rope_scaling": {"type": "su", **PHI3_FACTORS},
+    }
+    with pytest.raises(KeyError, match="original_max_position_embeddings"):
+        transformers.AutoConfig.for_model(**copy.deepcopy(raw))
+    with pytest.raises(ValueError, match="'su'.*original_max_position_embeddings") as error:
+        rotary_arguments(raw)
+    assert len(str(error.value)) < 400

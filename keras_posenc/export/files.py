@@ -7,6 +7,11 @@ The guarantees, for every artifact the package writes (`whole_or_nothing`):
   rename. A folder takes two (the old one aside into the staging folder, the new one in):
   a process killed between them leaves the old folder in `.NAME.XXXXXXXX.tmp/.replaced`,
   and the next export to, or verification of, that path puts it back (`recover`).
+- **Durable once renamed.** Every file written is synced to disk (`fsync`) before the
+  rename that makes it visible, and so is every folder written (its entries); the folder
+  holding the artifact is synced after the last rename, so that the rename itself survives
+  a power loss, not only a killed process. Folders are synced where the platform allows it
+  (POSIX; not Windows).
 - **Stale staging folders are cleaned.** A killed export leaves its staging folder; the
   next export to the same path removes it (after restoring what it held, as above).
 - **Only ours.** Every folder the package writes lists its files in a hidden manifest
@@ -49,6 +54,40 @@ def _staging_pattern(name: str) -> re.Pattern:
     return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]{{8}}\.tmp")
 
 
+def _sync_folder(folder: Path) -> None:
+    """Makes `folder`'s entries (names created, renamed, removed in it) durable."""
+    if os.name != "posix":  # Windows cannot open a folder to sync it
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _sync_file(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY if os.name == "posix" else os.O_RDWR)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _sync_tree(written: Path) -> None:
+    """Syncs the file `written`, or every file and folder under the folder `written`."""
+    if written.is_symlink():
+        return  # the link's own entry is synced with the folder holding it
+    if not written.is_dir():
+        _sync_file(written)
+        return
+    for folder, _, names in os.walk(written, topdown=False):
+        for name in names:
+            path = Path(folder, name)
+            if not path.is_symlink():
+                _sync_file(path)
+        _sync_folder(Path(folder))
+
+
 def recover(target: str | os.PathLike) -> bool:
     """Finishes what a killed `whole_or_nothing` left next to `target`.
 
@@ -76,6 +115,8 @@ def recover(target: str | os.PathLike) -> bool:
             os.replace(aside, target)
             restored = True
         shutil.rmtree(staging, ignore_errors=True)
+    if restored:
+        _sync_folder(parent)
     return restored
 
 
@@ -272,6 +313,7 @@ def whole_or_nothing(
                 raise ExportError(f"Nothing was written for {str(target)!r}.")
             if written.is_dir():
                 _write_manifest(written)
+            _sync_tree(written)  # the content on disk before the rename makes it visible
             if target.is_dir():
                 aside = staging / _REPLACED
                 os.replace(target, aside)
@@ -282,6 +324,7 @@ def whole_or_nothing(
                     raise
             else:
                 os.replace(written, target)
+            _sync_folder(target.parent)  # the rename itself
         finally:
             # Interrupted between the two renames (KeyboardInterrupt): the old one goes back.
             aside = staging / _REPLACED
