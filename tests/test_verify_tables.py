@@ -212,16 +212,18 @@ def _argument(runtime: str) -> str:
     ]
 
 
-def test_a_table_not_stored_fails_and_cached_rows_may_be_absent_beside_the_split():
+def test_runs_of_rows_are_audited_and_an_absent_table_is_listed():
     expected = audit.expected_tables(_model("rotary"), None)
-    stored = [(t["table"], t["array"]) for t in expected if t["kind"] == "split"]
-    result = audit.audit_tensors(expected, stored)
-    assert result["passed"]  # gathered positions read the split tables only
-    result = audit.audit_tensors(expected, stored[1:])
-    assert not result["passed"]
-    # a split table missing: so are the cached rows then (nothing serves their positions)
-    failed = [e["table"] for e in result["tables"] if not e["passed"]]
-    assert failed == ["rope/cached_0", "rope/cached_1", "rope/fine_sin"]
-    # another tensor of the same shape is no copy of a table
-    other = np.random.default_rng(0).standard_normal(stored[0][1].shape).astype(np.float32)
-    assert not audit.audit_tensors(expected, [("w", other), *stored[1:]])["passed"]
+    cached = expected[0]["array"]
+    run = cached[100:117].copy()
+    result = audit.audit_tensors(expected[:1], [("run", run)])
+    assert result["passed"]
+    assert result["tables"][0]["slices"] == ["run (rows 100..116)"]
+    run[8] += np.float32(1e-3)
+    result = audit.audit_tensors(expected[:1], [("run", run)])
+    assert not result["passed"] and result["tables"][0]["worst_row"] == 108
+    # an absent table, or another tensor of its shape, is no copy: listed, not failed
+    other = np.random.default_rng(0).standard_normal(cached.shape).astype(np.float32)
+    result = audit.audit_tensors(expected[:1], [("w", other)])
+    assert result["passed"] and result["tables"][0]["reason"] == "not stored whole"
+    assert result["tables"][0]["stored_as"] == []
