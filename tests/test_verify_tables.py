@@ -21,8 +21,12 @@ import pytest
 import tensorflow as tf
 from onnx import numpy_helper
 
-from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from keras_posenc import _tf
+from keras_posenc import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    _tf,
+)
 from keras_posenc import export as kpe
 from keras_posenc.export.verify import tables as audit
 
@@ -51,11 +55,14 @@ def exported(tmp_path_factory):
     result = {}
     for kind in KINDS:
         model = _model(kind)
-        result[kind] = model, {
-            "onnxruntime": kpe.save_onnx(model, folder / f"{kind}.onnx"),
-            "litert": kpe.save_litert(model, folder / f"{kind}.tflite"),
-            "saved_model": kpe.save_saved_model(model, folder / f"{kind}_saved_model"),
-        }
+        result[kind] = (
+            model,
+            {
+                "onnxruntime": kpe.save_onnx(model, folder / f"{kind}.onnx"),
+                "litert": kpe.save_litert(model, folder / f"{kind}.tflite"),
+                "saved_model": kpe.save_saved_model(model, folder / f"{kind}_saved_model"),
+            },
+        )
     return result
 
 
@@ -108,7 +115,9 @@ def _saved_model_tampered(path: Path, name: str, row: int, out: Path) -> Path:
     proto = _tf.saved_model_proto(out)
     for graph in proto.meta_graphs:
         functions = [("", graph.graph_def.node)]
-        functions += [(f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function]
+        functions += [
+            (f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function
+        ]
         for prefix, nodes in functions:
             for node in nodes:
                 if node.op == "Const" and prefix + node.name == name:

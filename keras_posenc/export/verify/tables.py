@@ -140,7 +140,9 @@ def saved_model_tensors(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]
     found = []
     for graph in _tf.saved_model_proto(path).meta_graphs:
         functions = [("", graph.graph_def.node)]
-        functions += [(f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function]
+        functions += [
+            (f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function
+        ]
         for prefix, nodes in functions:
             for node in nodes:
                 if node.op == "Const":
@@ -231,7 +233,9 @@ def audit_tensors(tables: list[dict], stored: list[tuple[str, np.ndarray]]) -> d
         slices = []
         for name, array in stored:
             for first, result in _slice_copies(array, expected):
-                slices.append((f"{name} (rows {first}..{first + len(array) - 1})", result, len(array)))
+                slices.append(
+                    (f"{name} (rows {first}..{first + len(array) - 1})", result, len(array))
+                )
         entry = {"table": table["table"], "rows": rows, "stored_as": [n for n, _, _ in copies]}
         if slices:
             entry["slices"] = [n for n, _, _ in slices]
