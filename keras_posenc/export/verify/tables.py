@@ -20,10 +20,11 @@ What each format stores, and how it is read:
 
 Matching is by content after a reshape to the table's `(rows, columns)`: a stored tensor
 of the same size is a copy of a table when at least half its rows equal the table's
-rows exactly; a stored tensor with the table's columns and fewer rows is a run of it
-(the rows a trace with a known start and length embeds) when at least half its rows
-equal a run of the table's. Every copy and every run must equal the table exactly
-(float32, or the stored dtype for a float16 tensor): one with any row changed fails,
+rows exactly (two of them not of one value: zeros or ones prove nothing); a stored
+tensor of three or more rows, fewer than the table's, with its columns is a run of it
+(the rows a trace with a known start and length embeds) when three quarters of its
+rows equal a run of the table's. Shorter runs are not audited. Every copy and every
+run must equal the table exactly (float32, or the stored dtype for a float16 tensor): one with any row changed fails,
 named with its worst row, so a tampered table is never passed because some other
 tensor matches. A table stored neither whole nor as a run is listed as "not stored
 whole" and does not fail by itself: an export holds only what its graph reads (a
@@ -182,21 +183,25 @@ def _compare(stored: np.ndarray, expected: np.ndarray) -> dict:
     errors = np.max(np.abs(stored.astype(np.float64) - want.astype(np.float64)), axis=1)
     errors = np.where(np.isnan(errors), np.inf, errors)
     worst = int(np.argmax(errors))
+    varied = np.ptp(want, axis=1) > 0  # rows of one value (zeros, ones) prove nothing
     return {
         "rows_equal": int(equal.sum()),
+        "varied_equal": int((equal & varied).sum()),
+        "varied": int(varied.sum()),
         "worst_row": worst,
         "max_abs_error": float(errors[worst]),
     }
 
 
 def _slice_copies(stored: np.ndarray, expected: np.ndarray) -> list[tuple[int, dict]]:
-    """`[(first row, comparison)]` where `stored` is a run of `expected`'s rows (fewer
-    rows, same columns, at least half of them equal): the rows a trace with a known
-    start and length embeds instead of the whole table."""
+    """`[(first row, comparison)]` where `stored` is a run of `expected`'s rows (three or
+    more and fewer than the table's, same columns, three quarters of them equal, two of
+    those not of one value): the rows a trace with a known start and length embeds
+    instead of the whole table."""
     if not np.issubdtype(stored.dtype, np.floating) or stored.ndim == 0:
         return []
     rows, columns = expected.shape
-    if stored.shape[0] < 2 or stored.shape[0] >= rows or stored.size != stored.shape[0] * columns:
+    if stored.shape[0] < 3 or stored.shape[0] >= rows or stored.size != stored.shape[0] * columns:
         return []
     run = stored.reshape(stored.shape[0], columns)
     want = expected.astype(run.dtype)
@@ -206,7 +211,7 @@ def _slice_copies(stored: np.ndarray, expected: np.ndarray) -> list[tuple[int, d
     found = []
     for first in sorted(o for o in offsets if 0 <= o <= rows - run.shape[0]):
         result = _compare(run, expected[first : first + run.shape[0]])
-        if 2 * result["rows_equal"] >= run.shape[0]:
+        if 4 * result["rows_equal"] >= 3 * run.shape[0] and result["varied_equal"] >= 2:
             result["worst_row"] += first
             found.append((first, result))
     return found[:1]
@@ -228,7 +233,9 @@ def audit_tensors(tables: list[dict], stored: list[tuple[str, np.ndarray]]) -> d
             if candidate is None:
                 continue
             result = _compare(candidate, expected)
-            if 2 * result["rows_equal"] >= rows:
+            if 2 * result["rows_equal"] >= rows and result["varied_equal"] >= min(
+                2, result["varied"]
+            ):
                 copies.append((name, result, rows))
         slices = []
         for name, array in stored:
