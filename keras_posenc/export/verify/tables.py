@@ -19,15 +19,15 @@ What each format stores, and how it is read:
   (`tf.make_ndarray`), and the variables of its checkpoint (learned tables).
 
 Matching is by content after a reshape to the table's `(rows, columns)`: a stored tensor
-of the same size is a copy of a table when at least half its rows equal the table's
-rows exactly (two of them not of one value: zeros or ones prove nothing); a stored
-tensor of three or more rows, fewer than the table's, with its columns is a run of it
-(the rows a trace with a known start and length embeds) when three quarters of its
-rows equal a run of the table's. Shorter runs are not audited. Every copy and every
-run must equal the table exactly (float32, or the stored dtype for a float16 tensor): one with any row changed fails,
-named with its worst row, so a tampered table is never passed because some other
-tensor matches. A table stored neither whole nor as a run is listed as "not stored
-whole" and does not fail by itself: an export holds only what its graph reads (a
+of the same size is a copy of a table when at least half its rows equal the table's rows
+exactly (two of them not of one value: zeros or ones prove nothing); a stored tensor of
+three or more rows, fewer than the table's, with its columns is a run of it (the rows a
+trace with a known start and length embeds) when three quarters of its rows equal a run
+of the table's. Shorter runs are not audited. Every copy and every run must equal the
+table exactly (float32, or the stored dtype for a float16 tensor): one with any row
+changed fails, named with its worst row, so a tampered table is never passed because
+some other tensor matches. A table stored neither whole nor as a run is listed as "not
+stored whole" and does not fail by itself: an export holds only what its graph reads (a
 `positions` input reads the split tables alone; a fixed sequence length, the run it
 uses), and a changed copy is still a near copy, which fails.
 """
