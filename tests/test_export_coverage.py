@@ -130,8 +130,11 @@ def test_the_verifier_of_today_would_pass_a_tampered_cache_end(exported, tmp_pat
         x = np.random.default_rng(0).standard_normal((batch, sequence, WIDTH))
         return {"x": x.astype(np.float32), "start_index": np.array(0, np.int32)}
 
-    report = kpe.verify_export(model, None, tampered, make_inputs=from_zero, **GRID)
-    assert report["passed"]
+    report = kpe.verify_export(
+        model, None, tampered, make_inputs=from_zero, raise_on_failure=False, **GRID
+    )
+    assert all(case["passed"] for case in report["cases"])  # the cases alone pass
+    assert not report["tables"]["onnxruntime"]["passed"]  # the audit of every row does not
     with pytest.raises(kpe.VerificationError, match="onnxruntime"):
         kpe.verify_export(model, None, tampered, **GRID)
 

@@ -4,7 +4,7 @@
 reference and the cases (`plan`), each case run on every runtime and compared
 (`run_case`), and the report (`assemble_report`), written and raised on. What is run is
 `coverage`; the runners, `runtimes`; how outputs are compared, `compare`; the sizes and
-the lines of the report, `report`.
+the lines of the report, `report`; the audit of every stored table row, `tables`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from keras_posenc.export.verify.report import (
     progress_line,
 )
 from keras_posenc.export.verify.runtimes import Runtimes, as_numpy, median_latencies
+from keras_posenc.export.verify.tables import audit_tables
 
 
 def artifact_paths(saved_model_path, onnx_path, litert_path) -> dict[str, Path]:
@@ -155,7 +156,10 @@ def verify_export(
         errors over all cases; `positions` (the limit, the position inputs, and the
         positions covered as `[first, last]` runs; with several axes also
         `covered_per_axis`, `{input: [runs of axis 0, ...]}`); `sizes` (bytes of the
-        artifacts, of the model's weights and of its position tables); `tolerance`; `notes`.
+        artifacts, of the model's weights and of its position tables); `tolerance`; `notes`;
+        `tables`, per runtime the audit of every stored position table against the one
+        the model holds (`verify.tables`: every row, exactly; `passed` false when a table
+        is missing or any row differs, the entry naming the table and its worst row).
 
     Raises:
         ValueError: batch sizes or sequence lengths that are not positive integers.
@@ -182,9 +186,12 @@ def verify_export(
         cases.append(run_case(planned, runtimes, compared, shape, feeds, repeats if timed else 0))
         if progress is not None:
             progress(progress_line(cases[-1], compared))
+    audits = audit_tables(planned.model, paths, planned.longest)
     report = assemble_report(
         model, planned, runtimes, compared, paths, cases, (covered, covered_axes), repeats, started
     )
+    report["tables"] = audits
+    report["passed"] = report["passed"] and all(a["passed"] for a in audits.values())
     if report_path is not None:
         write_json(report, report_path)
     if raise_on_failure and not report["passed"]:

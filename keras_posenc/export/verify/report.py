@@ -132,12 +132,21 @@ def progress_line(case: dict, compared) -> str:
 
 def failure_message(model_name: str, report: dict, compared, report_path) -> str:
     """What `VerificationError` says: the runtimes and the first cases that failed."""
+    from keras_posenc.export.verify.tables import failed_tables
+
     cases = report["cases"]
     failed = [case_name(c) for c in cases if not c["passed"]]
+    tables = failed_tables(report.get("tables", {}))
+    see = str(report_path) if report_path is not None else "the error's report"
+    if not failed:
+        return (
+            f"The export of {model_name!r} stores position tables that differ from Keras: "
+            f"{'; '.join(tables[:3])}{'; ...' if len(tables) > 3 else ''}; see {see}"
+        )
     runtimes_failed = [n for n in compared if not report["summary"][n]["passed"]]
+    also = f"; and its tables: {'; '.join(tables[:3])}" if tables else ""
     return (
         f"The export of {model_name!r} differs from Keras beyond {report['tolerance']} in "
         f"{', '.join(runtimes_failed)} on {len(failed)} of {len(cases)} cases "
-        f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}); see "
-        + (str(report_path) if report_path is not None else "the error's report")
+        f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}){also}; see {see}"
     )

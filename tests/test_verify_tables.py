@@ -1,0 +1,238 @@
+"""The audit of every stored table row (`keras_posenc.export.verify.tables`).
+
+Three tiny models with a `start_index` input (RoPE, sinusoidal, learned), each exported
+to ONNX, LiteRT and a SavedModel once. Every stored table of every artifact is changed
+by 1e-3 in one row at its start, its middle and its end (in the ONNX initializer, in the
+LiteRT flatbuffer's bytes at the tensor's buffer, in the SavedModel's constant or
+checkpoint variable), and the audit must fail naming that table; `verify_export` too,
+for a row in the middle that no case reads. The tables are those the layers hold
+(a learned table: its trained weights).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import keras
+import numpy as np
+import onnx
+import pytest
+import tensorflow as tf
+from onnx import numpy_helper
+
+from keras_posenc import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    _tf,
+)
+from keras_posenc import export as kpe
+from keras_posenc.export.verify import tables as audit
+
+WIDTH, LEARNED_LENGTH = 4, 64
+GRID = {"batch_sizes": (1,), "sequence_lengths": (2,), "repeats": 1}
+KINDS = ("rotary", "sinusoidal", "learned")
+FORMATS = ("onnxruntime", "litert", "saved_model")
+
+
+def _model(kind: str) -> keras.Model:
+    keras.utils.set_random_seed(7)
+    x = keras.Input((None, 1, WIDTH) if kind == "rotary" else (None, WIDTH), name="x")
+    start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
+    layer = {
+        "rotary": lambda: RotaryEmbedding(name="rope"),
+        "sinusoidal": lambda: SinusoidalPositionalEncoding(name="sines"),
+        "learned": lambda: LearnedPositionalEmbedding(LEARNED_LENGTH, name="learned"),
+    }[kind]()
+    return keras.Model({"x": x, "start_index": start}, {"y": layer(x, start_index=start)})
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """`{kind: (model, {runtime: path})}`, each model exported once to every format."""
+    folder = tmp_path_factory.mktemp("tables")
+    result = {}
+    for kind in KINDS:
+        model = _model(kind)
+        result[kind] = (
+            model,
+            {
+                "onnxruntime": kpe.save_onnx(model, folder / f"{kind}.onnx"),
+                "litert": kpe.save_litert(model, folder / f"{kind}.tflite"),
+                "saved_model": kpe.save_saved_model(model, folder / f"{kind}_saved_model"),
+            },
+        )
+    return result
+
+
+# --- tampering, one format each: `row` of the stored tensor `name` += 1e-3 -----------
+
+
+def _onnx_tampered(path: Path, name: str, row: int, out: Path) -> Path:
+    proto = onnx.load(str(path))
+    from keras_posenc.export.onnx_passes.graph import graphs
+
+    for graph in graphs(proto.graph):
+        for initializer in graph.initializer:
+            if initializer.name == name:
+                values = numpy_helper.to_array(initializer).copy()
+                values.reshape(values.shape[0], -1)[row] += np.float32(1e-3)
+                initializer.CopyFrom(numpy_helper.from_array(values, name))
+                onnx.save(proto, str(out))
+                return out
+    raise AssertionError(f"no initializer {name}")
+
+
+def _litert_tampered(path: Path, name: str, row: int, out: Path) -> Path:
+    import flatbuffers
+
+    content = bytearray(path.read_bytes())
+    schema = _tf.tflite_schema()
+    model = schema.Model.GetRootAsModel(bytes(content), 0)
+    for s in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(s)
+        for t in range(subgraph.TensorsLength()):
+            tensor = subgraph.Tensors(t)
+            buffer = model.Buffers(tensor.Buffer())
+            if tensor.Name().decode() != name or not buffer.DataLength():
+                continue
+            field = flatbuffers.number_types.UOffsetTFlags.py_type(buffer._tab.Offset(4))
+            start = buffer._tab.Vector(field)  # the data's first byte in the file
+            shape = tensor.ShapeAsNumpy()
+            columns = int(np.prod(shape[1:]))
+            values = np.frombuffer(content, np.float32, columns, start + 4 * row * columns)
+            content[start + 4 * row * columns : start + 4 * (row + 1) * columns] = (
+                values + np.float32(1e-3)
+            ).tobytes()
+            out.write_bytes(bytes(content))
+            return out
+    raise AssertionError(f"no tensor {name}")
+
+
+def _saved_model_tampered(path: Path, name: str, row: int, out: Path) -> Path:
+    shutil.copytree(path, out)
+    proto = _tf.saved_model_proto(out)
+    for graph in proto.meta_graphs:
+        functions = [("", graph.graph_def.node)]
+        functions += [
+            (f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function
+        ]
+        for prefix, nodes in functions:
+            for node in nodes:
+                if node.op == "Const" and prefix + node.name == name:
+                    values = tf.make_ndarray(node.attr["value"].tensor).copy()
+                    values.reshape(values.shape[0], -1)[row] += np.float32(1e-3)
+                    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(values))
+                    (out / "saved_model.pb").write_bytes(proto.SerializeToString())
+                    return out
+    # a variable: the checkpoint rewritten under the same keys
+    prefix = str(out / "variables" / "variables")
+    reader = tf.train.load_checkpoint(prefix)
+    names = sorted(reader.get_variable_to_shape_map())
+    assert name in names, name
+    tensors = []
+    for key in names:
+        value = reader.get_tensor(key)
+        if key == name:
+            value = value.copy()
+            value.reshape(value.shape[0], -1)[row] += np.float32(1e-3)
+        tensors.append(tf.constant(value))
+    for stale in (out / "variables").glob("variables.*"):
+        stale.unlink()
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+    return out
+
+
+TAMPER = {
+    "onnxruntime": _onnx_tampered,
+    "litert": _litert_tampered,
+    "saved_model": _saved_model_tampered,
+}
+SUFFIX = {"onnxruntime": ".onnx", "litert": ".tflite", "saved_model": ""}
+
+
+def _audit(model, runtime, path) -> dict:
+    return audit.audit_tables(model, {runtime: Path(path)}, None)[runtime]
+
+
+# --- the tests ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_table_is_found_exactly_in_every_format(exported, kind):
+    model, paths = exported[kind]
+    names = {t["table"] for t in audit.expected_tables(model, None)}
+    wanted = {
+        "rotary": {f"rope/{n}" for n in ("cached_0", "cached_1", *audit.SPLIT_NAMES)},
+        "sinusoidal": {f"sines/{n}" for n in ("cached_0", *audit.SPLIT_NAMES)},
+        "learned": {"learned/embeddings"},
+    }[kind]
+    assert names == wanted
+    for runtime, path in paths.items():
+        result = _audit(model, runtime, path)
+        assert result["passed"], (runtime, result)
+        assert all(entry["stored_as"] for entry in result["tables"]), (runtime, result)
+
+
+@pytest.mark.parametrize("runtime", FORMATS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_changed_at_the_start_middle_or_end_of_any_table_fails(
+    exported, kind, runtime, tmp_path
+):
+    model, paths = exported[kind]
+    clean = _audit(model, runtime, paths[runtime])
+    for entry in clean["tables"]:
+        stored_as = entry["stored_as"][0]
+        for row in (0, entry["rows"] // 2, entry["rows"] - 1):
+            out = tmp_path / f"{len(list(tmp_path.iterdir()))}{SUFFIX[runtime]}"
+            tampered = TAMPER[runtime](Path(paths[runtime]), stored_as, row, out)
+            result = _audit(model, runtime, tampered)
+            assert not result["passed"], (entry["table"], row)
+            (failed,) = [e for e in result["tables"] if not e["passed"]]
+            assert failed["table"] == entry["table"]
+            assert failed["worst_row"] == row
+            assert failed["max_abs_error"] == pytest.approx(1e-3, rel=1e-2)
+
+
+@pytest.mark.parametrize("runtime", FORMATS)
+def test_verify_export_fails_on_the_middle_of_the_cached_rows(exported, runtime, tmp_path):
+    # The issue's row 2048: no case reads it, the audit does.
+    model, paths = exported["rotary"]
+    report = kpe.verify_export(model, **{_argument(runtime): paths[runtime]}, **GRID)
+    assert report["passed"] and report["tables"][runtime]["passed"]
+    entry = next(e for e in report["tables"][runtime]["tables"] if e["table"] == "rope/cached_0")
+    tampered = TAMPER[runtime](
+        Path(paths[runtime]), entry["stored_as"][0], 2048, tmp_path / f"t{SUFFIX[runtime]}"
+    )
+    with pytest.raises(kpe.VerificationError, match="rope/cached_0") as raised:
+        kpe.verify_export(model, **{_argument(runtime): tampered}, **GRID)
+    report = raised.value.report
+    assert all(case["passed"] for case in report["cases"])  # the cases alone would pass
+    (failed,) = [e for e in report["tables"][runtime]["tables"] if not e["passed"]]
+    assert failed["table"] == "rope/cached_0" and failed["worst_row"] == 2048
+
+
+def _argument(runtime: str) -> str:
+    return {"onnxruntime": "onnx_path", "litert": "litert_path", "saved_model": "saved_model_path"}[
+        runtime
+    ]
+
+
+def test_runs_of_rows_are_audited_and_an_absent_table_is_listed():
+    expected = audit.expected_tables(_model("rotary"), None)
+    cached = expected[0]["array"]
+    run = cached[100:117].copy()
+    result = audit.audit_tensors(expected[:1], [("run", run)])
+    assert result["passed"]
+    assert result["tables"][0]["slices"] == ["run (rows 100..116)"]
+    run[8] += np.float32(1e-3)
+    result = audit.audit_tensors(expected[:1], [("run", run)])
+    assert not result["passed"] and result["tables"][0]["worst_row"] == 108
+    # an absent table, or another tensor of its shape, is no copy: listed, not failed
+    other = np.random.default_rng(0).standard_normal(cached.shape).astype(np.float32)
+    result = audit.audit_tensors(expected[:1], [("w", other)])
+    assert result["passed"] and result["tables"][0]["reason"] == "not stored whole"
+    assert result["tables"][0]["stored_as"] == []
