@@ -102,8 +102,9 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
     def _scale(self) -> float:
         return self._inverse_sqrt_key_dim
 
+    # `sliding_window` (Keras 3.15) and `use_gate` (3.14) are absent from older Keras.
     def _window(self) -> int | None:
-        return self._sliding_window
+        return getattr(self, "_sliding_window", None)
 
     def _uses_gate(self) -> bool:
-        return self._use_gate
+        return getattr(self, "_use_gate", False)
