@@ -96,8 +96,9 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
     def _scale(self) -> float:
         return _tf.attention_part(self, "inverse_sqrt_head_dim")
 
+    # `sliding_window` (Keras 3.15) and `use_gate` (3.14) are absent from older Keras.
     def _window(self) -> int | None:
-        return self.sliding_window
+        return getattr(self, "sliding_window", None)
 
     def _uses_gate(self) -> bool:
-        return self.use_gate
+        return getattr(self, "use_gate", False)

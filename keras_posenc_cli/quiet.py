@@ -22,6 +22,9 @@ _NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|[IW]\d{4} \d\d:\d\d:\d\d"
     r"|E\d{4} \d\d:\d\d:\d\d.*\b(cuInit|cuda|CUDA|cuDNN|cuFFT|cuBLAS)\b"
+    # The same lines as TensorFlow <= 2.20 writes them: "2025-01-31 12:00:00.123456: E ...".
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IW] "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E .*\b(cuInit|cuda|CUDA|cuDNN|cuFFT|cuBLAS)\b"
     r"|To enable the following instructions:"
     r"|INFO: Created TensorFlow Lite XNNPACK delegate"
     # The LiteRT converter's own diagnostics of a failed conversion: the job reports the
