@@ -93,15 +93,16 @@ def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None
     # LiteRT never initializes (the outputs are garbage). So freeze them all first, and
     # convert from a SavedModel of the frozen function (its signature keeps the names);
     # freezing flattens the outputs in `tf.nest.flatten` order: name them again.
-    serve = _tf.frozen_named_outputs(concrete)
-    module = tf.Module()
-    module.serve = tf.function(serve, input_signature=input_signature(model), autograph=False)
-    # Loading the SavedModel warns that gradients were not saved (none are needed), and the
-    # converter logs its options: `converter_output` keeps them out.
+    # Freezing runs Grappler, which logs its session (TensorFlow 2.20); loading the
+    # SavedModel warns that gradients were not saved (none are needed), and the converter
+    # logs its options: `converter_output` keeps them out.
     with (
         converter_output("tensorflow", "absl"),
         tempfile.TemporaryDirectory(prefix="keras_posenc_litert_") as folder,
     ):
+        serve = _tf.frozen_named_outputs(concrete)
+        module = tf.Module()
+        module.serve = tf.function(serve, input_signature=input_signature(model), autograph=False)
         tf.saved_model.save(
             module,
             folder,
