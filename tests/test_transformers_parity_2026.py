@@ -182,7 +182,10 @@ CASES = {
     ),
     "hunyuan-dense-alpha": Case(
         "hunyuan_v1_dense",
-        {"num_hidden_layers": 1, "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
+        {
+            "num_hidden_layers": 1,
+            "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+        },
     ),
     "hunyuan-moe": Case(
         "hunyuan_v1_moe",
@@ -254,8 +257,10 @@ class LayerCapture:
 
         def wrapper(*args, **kwargs):
             out = original(*args, **kwargs)
-            pairs = [(args[0], out)] if isinstance(out, torch.Tensor) else list(zip(args, out))
-            self.calls.setdefault(current[0], []).extend(pairs[:2])
+            # Gemma 4 rotates one tensor per call; the others queries and keys together.
+            single = isinstance(out, torch.Tensor)
+            pairs = [(args[0], out)] if single else list(zip(args[:2], out, strict=True))
+            self.calls.setdefault(current[0], []).extend(pairs)
             return out
 
         def enter(index):
