@@ -96,13 +96,13 @@ def _positive_int(config: dict, key: str) -> int:
     return value
 
 
-def _type_head_dim(config: dict, family: Family, layer_type: str) -> int | None:
+def _type_head_dim(config: dict, model_type: str, layer_type: str) -> int:
     """The head size of `layer_type`'s layers where the family gives it its own (Gemma 4)."""
-    key, default = family.type_head_dim[layer_type]
+    key, default = FAMILIES[model_type].type_head_dim[layer_type]
     per_layer = config.get("per_layer_config")
     if isinstance(per_layer, Mapping) and per_layer:
         # transformers 5's to_dict(): the overrides by layer index.
-        types = config.get("layer_types") or []
+        types = layer_types(config, model_type) or []
         sizes = {
             overrides.get("head_dim")
             for index, overrides in per_layer.items()
@@ -120,7 +120,7 @@ def _type_head_dim(config: dict, family: Family, layer_type: str) -> int | None:
 def _head_dim(config: dict, model_type: str, layer_type: str | None = None) -> int:
     family = FAMILIES.get(model_type)
     if family is not None and layer_type in (family.type_head_dim or {}):
-        return _type_head_dim(config, family, layer_type)
+        return _type_head_dim(config, model_type, layer_type)
     if family is not None and family.head_dim is not None and "head_dim" not in config:
         return family.head_dim
     if model_type in _MLA:
