@@ -317,7 +317,12 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             f"{model_type} uses multi-head latent attention, which these layers are not; build "
             "a RotaryEmbedding with rotary_arguments() for its qk_rope_head_dim channels."
         )
-    head_dim = _head_dim(config, model_type)
+    if config.get("attention_k_eq_v"):
+        raise ValueError(
+            f"This {model_type} config's global layers use their keys as values "
+            "(attention_k_eq_v), which these layers do not; build their RoPE with rope_per_layer."
+        )
+    head_dim = _head_dim(config, model_type, layer_type)
     heads_key = "num_attention_heads" if "num_attention_heads" in config else "n_head"
     heads = _positive_int(config, heads_key)
     key_value_heads = heads

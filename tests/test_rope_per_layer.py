@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from keras_posenc import RotaryEmbedding, rope_per_layer
-from keras_posenc.transformers_config import rotary_arguments
+from keras_posenc.transformers_config import attention_arguments, rotary_arguments
 
 SIZES = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
 
@@ -108,3 +108,11 @@ def test_hunyuan_alpha_is_a_fixed_base():
     )
     assert arguments["scaling"] is None
     assert arguments["max_wavelength"] == pytest.approx(1e4 * 1000.0 ** (64 / 62), rel=1e-15)
+
+
+def test_gemma4_attention_arguments_take_the_head_size_of_the_layer_type():
+    config = {**SIZES, "model_type": "gemma4_text", "num_hidden_layers": 6, "global_head_dim": 128}
+    assert attention_arguments(config, "sliding_attention")["head_dim"] == 64
+    assert attention_arguments(config, "full_attention")["head_dim"] == 128
+    with pytest.raises(ValueError, match="keys as values"):
+        attention_arguments({**config, "attention_k_eq_v": True}, "full_attention")

@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from keras_posenc import rope_per_layer
-from keras_posenc.transformers_config import rotary_arguments
+from keras_posenc.transformers_config import attention_arguments, rotary_arguments
 from keras_posenc.transformers_families import COMPOSITE_5, FAMILIES
 
 LENGTH = 8
@@ -378,6 +378,10 @@ def test_keys_a_config_leaves_out_get_transformers_defaults(name):
         layers = [r for t, r in zip(types, rope_per_layer(raw), strict=True) if t == layer_type]
         if layers and layers[0] is not None:
             assert rotary_arguments(raw, layer_type) == rotary_arguments(config, layer_type)
+            family = FAMILIES[raw["model_type"]]
+            if family.mrope is None and raw["model_type"] != "deepseek_v32":  # layers take them
+                ours = attention_arguments(raw, layer_type)
+                assert ours == attention_arguments(config, layer_type)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
