@@ -6,8 +6,8 @@ the family's schedule (RoPE per layer type, NoPE, linear attention, convolution)
 queries and keys going into and out of its RoPE function are captured per decoder layer.
 `rope_per_layer(config)` must give None exactly for the layers that make no RoPE call, and,
 for the others, a `RotaryEmbedding` that turns the captured inputs into the captured outputs
-(<= 1e-5) for a prefill from position 0 and a decoding step at a position past the original
-context.
+(<= 1e-5) for a prefill from position 0 and a decoding step with the prefill's cache at a
+position past the original context.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from keras_posenc.transformers_config import attention_arguments, rotary_argumen
 from keras_posenc.transformers_families import COMPOSITE_5, FAMILIES
 
 LENGTH = 8
-DECODE_POSITION = 300  # past every original context below
+DECODE_POSITION = 100  # past every original context below (as test_transformers_parity.py)
 SIZES = {
     "vocab_size": 64,
     "hidden_size": 64,
@@ -294,13 +294,20 @@ def built(request):
     model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
     ids = torch.tensor(np.random.default_rng(0).integers(1, 64, (2, LENGTH)))
     runs = []
-    for inputs, positions in (
-        (ids, None),
-        (ids[:1, :1], torch.tensor([[DECODE_POSITION]])),
-    ):
-        with LayerCapture(model, case.function) as capture, torch.no_grad():
-            model(input_ids=inputs, position_ids=positions, use_cache=False)
-        runs.append(capture.calls)
+    # A prefill of the whole batch, then row 0 alone decodes one token against its cache, at
+    # a position past the original context.
+    with LayerCapture(model, case.function) as capture, torch.no_grad():
+        prefill = model(input_ids=ids[:1], use_cache=True)
+    runs.append(capture.calls)
+    with LayerCapture(model, case.function) as capture, torch.no_grad():
+        model(
+            input_ids=ids[:1, :1],
+            position_ids=torch.tensor([[DECODE_POSITION]]),
+            cache=prefill.past_key_values,
+            use_cache=True,
+        )
+    runs.append(capture.calls)
+    assert prefill.past_key_values.get_seq_length() == LENGTH + 1  # the step used the cache
     return case, raw, config, runs
 
 
