@@ -423,3 +423,37 @@ def test_a_top_level_partial_rotary_factor_is_read_as_transformers_reads_it(name
             if case.deinterleaved_output:
                 ours = np.concatenate([ours[..., 0::2], ours[..., 1::2]], -1)
             assert np.abs(ours - post).max() <= 1e-5, index
+
+
+@pytest.mark.parametrize("module", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_multimodal_positions_equal_transformers(module):
+    """Qwen3.5's interleaved M-RoPE on a quarter of each head, on image positions."""
+    from keras_posenc import multimodal_positions
+
+    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    raw = {
+        "model_type": f"{module}_text",
+        **SIZES,
+        "head_dim": 64,
+        "num_hidden_layers": 4,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e7,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+    }
+    config = transformers.AutoConfig.for_model(**raw)
+    rotary_class = next(
+        getattr(modeling, name) for name in dir(modeling) if name.endswith("TextRotaryEmbedding")
+    )
+    rotary = rotary_class(config)
+    positions = multimodal_positions([("text", 3), ("image", (2, 3, 4)), ("text", 4)])
+    q = np.random.default_rng(7).normal(size=(1, 2, len(positions), 64)).astype(np.float32)
+    position_ids = torch.tensor(positions.T[:, None, :])  # (3, batch, sequence)
+    cos, sin = rotary(torch.tensor(q), position_ids)
+    expected, _ = modeling.apply_rotary_pos_emb(torch.tensor(q), torch.tensor(q), cos, sin)
+    layer = rope_per_layer(raw, sequence_axis=2, feature_axis=3)[3]
+    assert (layer.rotary_dim, layer.mrope_section) == (16, (3, 3, 2))
+    np.testing.assert_allclose(layer(q, positions=positions), expected.numpy(), atol=1e-5)
