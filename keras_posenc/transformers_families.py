@@ -72,7 +72,8 @@ class Family:
 
 _GLOBAL_LOCAL = {FULL: 1e6, SLIDING: 1e4}
 # Only these families' modeling code reads `partial_rotary_factor` in transformers 5
-# (checked by tests/test_transformers_parity.py): phi, phi3, stablelm, gpt_neox, glm, glm4.
+# (checked by tests/test_transformers_parity.py and test_transformers_defaults_2026.py): phi,
+# phi3, stablelm, gpt_neox, glm, glm4, qwen3_next, qwen3_5(_moe)_text, glm4_moe, minimax_m2.
 _WHOLE = {"reads_partial": False}
 # Layouts from each family's `apply_rotary_pos_emb` / `rotate_half` in transformers 5.
 FAMILIES: dict[str, Family] = {
