@@ -25,11 +25,16 @@ if keras.backend.backend() != "tensorflow":
         f"{keras.backend.backend()!r}. {_BACKEND_HINT}"
     )
 
+from keras_posenc.attention_temperature import (  # noqa: E402
+    AttentionTemperature,
+    attention_temperature,
+)
 from keras_posenc.axes import grid_positions, multimodal_positions  # noqa: E402
 from keras_posenc.decoder_block import DecoderBlock  # noqa: E402
 from keras_posenc.decoder_models import decoder_models  # noqa: E402
 from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
 from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
+from keras_posenc.rope_per_layer import rope_per_layer  # noqa: E402
 from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
 from keras_posenc.rotary_attention import RotaryMultiHeadAttention  # noqa: E402
 from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention  # noqa: E402
@@ -42,6 +47,7 @@ from keras_posenc.sinusoidal import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionTemperature",
     "DecoderBlock",
     "FrequencyTable",
     "LearnedPositionalEmbedding",
@@ -50,9 +56,11 @@ __all__ = [
     "RotaryMultiHeadAttention",
     "SinusoidalInitializer",
     "SinusoidalPositionalEncoding",
+    "attention_temperature",
     "decoder_models",
     "grid_positions",
     "inverse_frequencies",
     "multimodal_positions",
+    "rope_per_layer",
     "sinusoidal_table",
 ]

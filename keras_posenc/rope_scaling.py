@@ -13,6 +13,10 @@ numbers here are those definitions, computed in float64 on the host:
   `mscale` / `mscale_all_dim` (or given).
 - `llama3`: low frequencies divided by `factor`, high ones kept, a smooth blend between,
   set by `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`.
+- `proportional` (Gemma 4's p-RoPE): `ω_k = base^(-2k/d) / factor` for the first
+  `int(partial_rotary_factor · d // 2)` pairs of the `d` rotated channels and 0 for the rest
+  (those pairs pass through unrotated, in the place the pairing gives them: not partial
+  rotary, which shortens `d`).
 - `longrope`: `ω / short_factor` up to `original_max_position_embeddings`, `ω / long_factor`
   past it (by total length), attention factor `sqrt(1 + ln f / ln L0)`.
 
@@ -127,6 +131,8 @@ def rope_parameters(rotary_dim: int, max_wavelength: float, scaling: dict | None
         return _yarn(omega, rotary_dim, max_wavelength, scaling)
     if rope_type == "llama3":
         return _llama3(omega, scaling)
+    if rope_type == "proportional":
+        return _proportional(omega, rotary_dim, scaling)
     return _longrope(omega, rotary_dim, scaling)
 
 
@@ -157,6 +163,14 @@ def _yarn(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParame
     extrapolation = 1.0 - ramp
     blended = (omega / factor) * (1.0 - extrapolation) + omega * extrapolation
     return RopeParameters(blended, attention_factor=float(attention_factor))
+
+
+def _proportional(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
+    # transformers: rope_angles = int(partial_rotary_factor * head_dim // 2).
+    rotated = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
+    factor = scaling.get("factor")
+    omega = np.where(np.arange(dim // 2) < rotated, omega, 0.0)
+    return RopeParameters(omega / (1.0 if factor is None else float(factor)))
 
 
 def _llama3(omega: np.ndarray, scaling: dict) -> RopeParameters:

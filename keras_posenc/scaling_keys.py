@@ -40,6 +40,9 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
         ("max_position_embeddings",),
     ),
+    # Gemma 4's p-RoPE: the exponent's denominator is the whole head, and the frequencies of
+    # all but the first `partial_rotary_factor` of the channel pairs are zero.
+    "proportional": ((), ("factor",)),
     "longrope": (
         ("short_factor", "long_factor"),
         (
@@ -167,16 +170,18 @@ def check_shared_keys(scaling: dict, max_wavelength: float) -> None:
     They must agree with the layer: `rope_theta` equal to `max_wavelength` (a dict taken
     from a config with another base would rotate at the wrong frequencies), and
     `partial_rotary_factor` 1 (the layer cannot see the head size to apply a fraction:
-    give `rotary_dim`, or use `from_transformers_config`, which does).
+    give `rotary_dim`, or use `from_transformers_config`, which does), except for
+    `proportional`, whose fraction is of the frequencies of a rotation of the whole head.
     """
     theta = scaling.get("rope_theta")
+    proportional = scaling.get("rope_type") == "proportional"
     if theta is not None and theta != float(max_wavelength):
         raise ValueError(
             f"scaling['rope_theta']={theta} differs from max_wavelength={max_wavelength}: pass "
             f"max_wavelength={theta} (or drop 'rope_theta' from scaling)."
         )
     partial = scaling.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
+    if partial != 1.0 and not proportional:  # proportional's own key: its fraction of pairs
         raise ValueError(
             f"scaling['partial_rotary_factor']={partial}: the layer cannot apply a fraction of "
             "the head; pass rotary_dim=int(head_dim * factor) and drop the key, or build the "

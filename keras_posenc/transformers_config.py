@@ -15,20 +15,30 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from keras_posenc.axes import checked_mrope_section
 from keras_posenc.rope_scaling import rope_parameters
-from keras_posenc.scaling_keys import checked_scaling, short_repr
+from keras_posenc.scaling_keys import short_repr
+from keras_posenc.transformers_entries import (
+    entry_arguments,
+    mrope_arguments,
+    rope_entries,
+    whole_head_factor,
+)
 from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exported
     COMPOSITE,
+    COMPOSITE_5,
     FAMILIES,
     FULL,
     MAYBE_COMPOSITE,
+    REFUSED,
     SLIDING,
     Family,
 )
+from keras_posenc.transformers_schedules import layer_types, positionless_types
 
 _ROPE_KEY = re.compile("rope|rotary")
 _EARLY_CHECK_DIM = 2**14
+# Multi-head latent attention: only the qk_rope_head_dim channels of each head rotate.
+_MLA = ("deepseek_v3", "deepseek_v32")
 # RoPE-named keys that are not RoPE parameters.
 _NOT_ROPE = {"qk_nope_head_dim", "use_rope"}
 
@@ -50,7 +60,7 @@ def _as_dict(config: Any) -> dict:
 def _language_config(config: dict) -> dict:
     if config.get("model_type") in MAYBE_COMPOSITE and "text_config" not in config:
         return config
-    if config.get("model_type") in COMPOSITE + MAYBE_COMPOSITE:
+    if config.get("model_type") in COMPOSITE + COMPOSITE_5 + MAYBE_COMPOSITE:
         if not isinstance(config.get("text_config"), Mapping):
             raise ValueError(
                 f"A {config['model_type']!r} config keeps its language model under "
@@ -64,6 +74,8 @@ def _language_config(config: dict) -> dict:
 
 def _family(config: dict, layout: str | None) -> tuple[str, Family]:
     model_type = config.get("model_type")
+    if model_type in REFUSED:
+        raise ValueError(f"{model_type} cannot be read: {REFUSED[model_type]}.")
     if model_type in FAMILIES:
         return model_type, FAMILIES[model_type]
     if layout is None:
@@ -84,12 +96,34 @@ def _positive_int(config: dict, key: str) -> int:
     return value
 
 
-def _head_dim(config: dict, model_type: str) -> int:
+def _type_head_dim(config: dict, model_type: str, layer_type: str) -> int:
+    """The head size of `layer_type`'s layers where the family gives it its own (Gemma 4)."""
+    key, default = FAMILIES[model_type].type_head_dim[layer_type]
+    per_layer = config.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and per_layer:
+        # transformers 5's to_dict(): the overrides by layer index.
+        types = layer_types(config, model_type) or []
+        sizes = {
+            overrides.get("head_dim")
+            for index, overrides in per_layer.items()
+            if int(index) < len(types) and types[int(index)] == layer_type
+        }
+        if len(sizes) != 1 or None in sizes:
+            raise ValueError(
+                f"The config's per_layer_config gives the {layer_type} layers head sizes "
+                f"{sorted(map(str, sizes))}; a RotaryEmbedding needs one."
+            )
+        return _positive_int({"head_dim": sizes.pop()}, "head_dim")
+    return _positive_int({key: default, **{k: v for k, v in config.items() if v is not None}}, key)
+
+
+def _head_dim(config: dict, model_type: str, layer_type: str | None = None) -> int:
     family = FAMILIES.get(model_type)
+    if family is not None and layer_type in (family.type_head_dim or {}):
+        return _type_head_dim(config, model_type, layer_type)
     if family is not None and family.head_dim is not None and "head_dim" not in config:
         return family.head_dim
-    if model_type == "deepseek_v3":
-        # Only the qk_rope_head_dim channels of each head (q_pe, k_pe) are rotated.
+    if model_type in _MLA:
         return _positive_int({"qk_rope_head_dim": 64, **config}, "qk_rope_head_dim")
     if config.get("head_dim") is not None:
         return _positive_int(config, "head_dim")
@@ -109,6 +143,14 @@ def _head_dim(config: dict, model_type: str) -> int:
 
 
 def _layout(config: dict, model_type: str, family: Family, consumed: set) -> str:
+    if model_type == "deepseek_v32":
+        consumed.add("rope_interleave")
+        if config.get("rope_interleave", True) is not True:
+            raise ValueError(
+                "deepseek_v32's attention always interleaves its RoPE pairs (transformers ignores "
+                f"'rope_interleave'), got rope_interleave={short_repr(config['rope_interleave'])}: "
+                "remove it."
+            )
     if model_type == "deepseek_v3":
         consumed.add("rope_interleave")
         interleave = config.get("rope_interleave", True)
@@ -120,75 +162,20 @@ def _layout(config: dict, model_type: str, family: Family, consumed: set) -> str
     return family.layout
 
 
-def _is_nested(parameters: Mapping) -> bool:
-    return bool(parameters) and all(
-        v is None or isinstance(v, Mapping) for v in parameters.values()
-    )
-
-
-def _rope_entries(config: dict, family: Family, consumed: set) -> dict[str | None, dict | None]:
-    """The rope parameter dicts (transformers 5 form) by layer type, None for all layers."""
-    consumed.update({"rope_parameters", "rope_scaling"})
-    parameters = config.get("rope_parameters") or None
-    scaling = config.get("rope_scaling") or None
-    if parameters is not None and scaling is not None and parameters != scaling:
-        raise ValueError(
-            "The config has both 'rope_parameters' and 'rope_scaling', and they differ: keep one "
-            "(transformers 5 reads 'rope_scaling' first)."
-        )
-    parameters = scaling if scaling is not None else parameters
-    if parameters is not None and not isinstance(parameters, Mapping):
-        raise ValueError(f"config's RoPE parameters must be a dict, got {short_repr(parameters)}.")
-    per_type = isinstance(family.theta, Mapping)
-    if parameters is not None and _is_nested(parameters):
-        entries = {key: None if v is None else dict(v) for key, v in parameters.items()}
-    elif per_type:
-        # transformers-4 form of a local/global family: one rope_scaling, per-type thetas.
-        entries = {key: {} for key in family.theta}
-        for key in family.scaling_types or entries:
-            entries[key].update(parameters or {})
-    else:
-        entries = {None: dict(parameters or {})}
-    live = {name: entry for name, entry in entries.items() if entry is not None}
-    # transformers' order: the family's own keys, then the generic top-level ones, then the
-    # family's defaults. A generic key that the family's own keys replace is not read by
-    # transformers: it is refused, naming the family's own key.
-    for key, (layer_type, rope_key) in family.legacy.items():
-        consumed.add(key)
-        if config.get(key) is not None:
-            for name, entry in live.items():
-                if layer_type is None or name == layer_type:
-                    entry.setdefault(rope_key, config[key])
-    for key in ("rope_theta", "partial_rotary_factor"):
-        own = [name for name, (_, rope_key) in family.legacy.items() if rope_key == key]
-        if own and key not in family.legacy:
-            if config.get(key) is not None:
-                names = " / ".join(map(repr, own))
-                raise ValueError(
-                    f"This family reads {names}, not {key!r} (transformers ignores it): give "
-                    f"the value as {names}, or remove {key!r}."
-                )
-            continue
-        consumed.add(key)
-        if config.get(key) is not None and key not in family.legacy:
-            for entry in live.values():
-                entry.setdefault(key, config[key])
-    for name, entry in live.items():
-        theta = family.theta.get(name) if per_type else family.theta
-        if theta is not None:
-            entry.setdefault("rope_theta", theta)
-        entry.setdefault("partial_rotary_factor", family.partial)
-    return entries
-
-
-def _layer_types(config: dict, entries: dict) -> list[str]:
+def _layer_types(config: dict, model_type: str, entries: dict) -> list[str]:
     if None not in entries:
         return sorted(entries)
-    types = config.get("layer_types")
-    return sorted(set(types)) if isinstance(types, list) else []
+    return sorted(set(layer_types(config, model_type) or []))
 
 
-def _chosen(entries: dict, types: list[str], layer_type: str | None) -> tuple[str | None, dict]:
+def _chosen(
+    entries: dict, types: list[str], layer_type: str | None, without: tuple[str, ...] = ()
+) -> tuple[str | None, dict]:
+    if layer_type is not None and layer_type in without:
+        raise ValueError(
+            f"Layers of type {layer_type!r} use no RoPE in this config (NoPE, linear attention "
+            "or convolution); keras_posenc.rope_per_layer gives None for them."
+        )
     if layer_type is not None and layer_type not in types:
         listed = ", ".join(types) if types else "none"
         raise ValueError(
@@ -207,113 +194,6 @@ def _chosen(entries: dict, types: list[str], layer_type: str | None) -> tuple[st
     if entries[layer_type] is None:
         raise ValueError(f"Layers of type {layer_type!r} have no RoPE in this config.")
     return layer_type, entries[layer_type]
-
-
-def _phi3_names(scaling: dict) -> None:
-    """Phi3Config's renaming, in place: early Phi-3 configs call longrope "su" (or "yarn")."""
-    names = {scaling.get("type"), scaling.get("rope_type")}
-    if "su" in names and "original_max_position_embeddings" not in scaling:
-        # Phi3Config validates before it renames, and copies a top-level length only into
-        # the types it knows by then: an "su" without its own length is refused.
-        raise ValueError(
-            "phi3 rope_scaling type 'su' needs 'original_max_position_embeddings' inside "
-            "rope_scaling (transformers' Phi3Config refuses it without, even with a top-level "
-            "one): add it there, or name the type 'longrope'."
-        )
-    for key in ("type", "rope_type"):
-        if scaling.get(key) in ("su", "yarn"):
-            scaling[key] = "longrope"
-
-
-def _scaling(
-    entry: dict, config: dict, family: Family, original_top: bool
-) -> tuple[float, float, dict | None]:
-    """`(theta, partial_rotary_factor, scaling dict or None)` of one rope parameter dict."""
-    scaling = dict(entry)
-    for key in ("mrope_section", "mrope_interleaved"):
-        scaling.pop(key, None)  # read by _mrope
-    if config.get("model_type") == "phi3":
-        _phi3_names(scaling)
-    if scaling.get("rope_type", scaling.get("type")) == "mrope":
-        # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
-        scaling.pop("type", None)
-        scaling["rope_type"] = "default"
-    if "type" in scaling and scaling.setdefault("rope_type", scaling["type"]) == scaling["type"]:
-        del scaling["type"]  # when they differ, checked_scaling names both
-    rope_type = scaling.setdefault("rope_type", "default")
-    if "rope_theta" not in scaling:
-        raise ValueError("The config gives no 'rope_theta' for this layer.")
-    if rope_type in ("llama3", "yarn", "longrope"):
-        # As transformers' standardize_rope_params: a top-level original length (Phi-3, whose
-        # config class always has one) wins over the rope parameters' own.
-        top = config.get("original_max_position_embeddings", family.original_length)
-        if original_top and top is not None:
-            scaling["original_max_position_embeddings"] = top
-        elif "max_position_embeddings" in config:
-            scaling.setdefault(
-                "original_max_position_embeddings", config["max_position_embeddings"]
-            )
-    if rope_type == "dynamic" or (
-        rope_type in ("yarn", "longrope") and scaling.get("factor") is None
-    ):
-        # transformers takes this one from the config, not from the rope parameters.
-        if "max_position_embeddings" not in config:
-            raise ValueError(
-                f"rope_type {rope_type!r} needs the config's 'max_position_embeddings'."
-            )
-        top = config["max_position_embeddings"]
-        if scaling.setdefault("max_position_embeddings", top) != top:
-            raise ValueError(
-                "The rope parameters' 'max_position_embeddings' differs from the config's; "
-                "transformers uses the config's: remove the inner one."
-            )
-    scaling = checked_scaling(scaling)
-    theta = scaling.pop("rope_theta")
-    partial = scaling.pop("partial_rotary_factor", 1.0)
-    return theta, partial, None if rope_type == "default" else scaling
-
-
-def _mrope(entry: dict, family: Family) -> dict:
-    """`mrope_section` / `mrope_interleaved` arguments of a multimodal RoPE family, else {}."""
-    if family.mrope is None:
-        if "mrope_section" in entry:
-            raise ValueError(
-                "The config has an 'mrope_section', but its model_type uses 1D RoPE; "
-                "give the model_type of the multimodal model."
-            )
-        return {}
-    interleaved = entry.get("mrope_interleaved", family.mrope_interleaved)
-    if bool(interleaved) != family.mrope_interleaved:
-        raise ValueError(
-            f"'mrope_interleaved': {interleaved!r} differs from what this family's code does "
-            f"({family.mrope_interleaved}); transformers ignores it: remove it."
-        )
-    try:
-        section = checked_mrope_section(entry.get("mrope_section", family.mrope), None)
-    except ValueError as error:
-        # An integer is not per-axis pair counts (transformers would split cos/sin into
-        # chunks of that size instead): say the form, with this family's default.
-        raise ValueError(
-            f"The config's {str(error).rstrip('.')}: give a list of pair counts per axis "
-            f"(temporal, height, width) such as {list(family.mrope)}, summing to half the "
-            "rotated channels."
-        ) from None
-    return {"mrope_section": section, "mrope_interleaved": family.mrope_interleaved}
-
-
-def _whole_head(model_type: str, partial: float, scaling: dict | None, head_dim: int) -> float:
-    """The factor of a family whose attention rotates the whole head (`reads_partial` false)."""
-    covered = int(head_dim * partial)
-    if scaling is not None and covered != head_dim:
-        # Its default frequencies ignore the factor; the scaled ones (transformers' shared
-        # rope functions) read it, and their cos/sin no longer match the head.
-        raise ValueError(
-            f"partial_rotary_factor={partial}: {model_type}'s attention rotates the whole head, "
-            f"but transformers' {scaling['rope_type']!r} frequencies would cover {covered} of its "
-            f"{head_dim} channels and the transformers model fails: remove it (transformers "
-            "ignores it without scaling)."
-        )
-    return 1.0
 
 
 def _unread(config: dict, consumed: set) -> None:
@@ -338,9 +218,11 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     Args:
         config: a transformers config or its dict (`config.json`, transformers 4 or 5, or
             `to_dict()`).
-        layer_type: for configs with RoPE per layer type (Gemma 3, ModernBERT:
+        layer_type: for configs with RoPE per layer type (Gemma 3 and 4, ModernBERT, OLMo 3:
             `"full_attention"` / `"sliding_attention"`), the type to read; required when the
-            config has several.
+            config has several. A type whose layers use no RoPE (EXAONE 4's global layers,
+            linear attention, convolutions) is an error; `keras_posenc.rope_per_layer` gives
+            each layer's.
         layout: read a `model_type` not in `FAMILIES` as a Llama-style config with this
             pairing (for a known family, the layout must be its own).
 
@@ -358,6 +240,8 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     config = _language_config(_as_dict(config))
     model_type, family = _family(config, layout)
     consumed = {"model_type", "qk_rope_head_dim"}
+    if family.no_rope == "no_rope_layers":
+        consumed.update({"no_rope_layers", "no_rope_layer_interval"})  # rope_per_layer's
     family_layout = _layout(config, model_type, family, consumed)
     if layout is not None and model_type in FAMILIES and layout != family_layout:
         raise ValueError(
@@ -373,13 +257,17 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         rotary_dim = _positive_int({"rotary_dim": 64, **config}, "rotary_dim")
         theta, scaling = 10000.0, None
     else:
-        entries = _rope_entries(config, family, consumed)
+        entries = rope_entries(config, family, consumed, head_dim)
         _unread(config, consumed)
-        _, entry = _chosen(entries, _layer_types(config, entries), layer_type)
-        theta, partial, scaling = _scaling(entry, config, family, original_top=None in entries)
-        mrope = _mrope(entry, family)
+        types = _layer_types(config, model_type, entries)
+        without = positionless_types(config, model_type, family)
+        chosen, entry = _chosen(entries, types, layer_type, without)
+        if chosen in (family.type_head_dim or {}):
+            head_dim = _head_dim(config, model_type, chosen)
+        theta, partial, scaling = entry_arguments(entry, config, family, None in entries, head_dim)
+        mrope = mrope_arguments(entry, family)
         if not family.reads_partial:
-            partial = _whole_head(model_type, partial, scaling, head_dim)
+            partial = whole_head_factor(model_type, partial, scaling, head_dim)
         rotary_dim = int(head_dim * partial)
     if rotary_dim > head_dim or rotary_dim % 2:
         raise ValueError(
@@ -399,9 +287,6 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         "scaling": scaling,
         **({} if family.fixed else mrope),
     }
-
-
-_MLA = ("deepseek_v3",)
 
 
 def attention_arguments(config: Any, layer_type: str | None = None, form: str = "gqa") -> dict:
@@ -432,7 +317,12 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             f"{model_type} uses multi-head latent attention, which these layers are not; build "
             "a RotaryEmbedding with rotary_arguments() for its qk_rope_head_dim channels."
         )
-    head_dim = _head_dim(config, model_type)
+    if config.get("attention_k_eq_v"):
+        raise ValueError(
+            f"This {model_type} config's global layers use their keys as values "
+            "(attention_k_eq_v), which these layers do not; build their RoPE with rope_per_layer."
+        )
+    head_dim = _head_dim(config, model_type, layer_type)
     heads_key = "num_attention_heads" if "num_attention_heads" in config else "n_head"
     heads = _positive_int(config, heads_key)
     key_value_heads = heads

@@ -51,6 +51,8 @@ def test_registered_for_keras_serialization(name):
         "rotary_group_query_attention",
         "axes",
         "transformers_config",
+        "rope_per_layer",
+        "attention_temperature",
     ],
 )
 def test_docstring_examples_run(module):

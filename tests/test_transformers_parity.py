@@ -20,6 +20,7 @@ import pytest
 import torch
 import transformers
 from test_transformers_config import PUBLISHED
+from test_transformers_parity_2026 import CASES as CASES_2026
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
@@ -201,9 +202,18 @@ CASES = {
 
 
 def test_every_family_of_the_reader_has_a_parity_case():
-    # Multimodal RoPE families are run side by side in tests/test_axes.py.
+    # Multimodal RoPE families are run side by side in tests/test_axes.py; the 2026
+    # families (Qwen3.5's M-RoPE among them, on text), layer by layer in
+    # tests/test_transformers_parity_2026.py.
     one_axis = {name for name, family in FAMILIES.items() if family.mrope is None}
-    assert {case.model_type for case in CASES.values()} == one_axis
+    here = {case.model_type for case in CASES.values()}
+    per_layer = {case.model_type for case in CASES_2026.values()}
+    assert not here & per_layer
+    assert one_axis <= here | per_layer <= set(FAMILIES)
+
+
+# The families of this file's cases; the 2026 ones have their own tests of the same.
+ONE_LAYER = sorted({case.model_type for case in CASES.values()})
 
 
 class Capture:
@@ -309,9 +319,7 @@ def test_queries_and_keys_equal_transformers(name):
             _close(case, _our_rotation(layer, pre, start_index=DECODE_POSITION), post)
 
 
-@pytest.mark.parametrize(
-    "model_type", sorted(name for name, family in FAMILIES.items() if family.mrope is None)
-)
+@pytest.mark.parametrize("model_type", ONE_LAYER)
 def test_keys_a_config_leaves_out_get_transformers_defaults(model_type):
     """A config.json with only the sizes reads as transformers' config class fills it in."""
     case = next(case for case in CASES.values() if case.model_type == model_type)
@@ -370,9 +378,7 @@ def _first_rope_call(case, raw):
     return config, _rope_calls(case, config, model, ids)
 
 
-@pytest.mark.parametrize(
-    "model_type", sorted(name for name, family in FAMILIES.items() if family.mrope is None)
-)
+@pytest.mark.parametrize("model_type", ONE_LAYER)
 def test_a_top_level_partial_rotary_factor_is_read_as_transformers_reads_it(model_type):
     """Most families' attention rotates the whole head whatever partial_rotary_factor says."""
     case = next(case for case in CASES.values() if case.model_type == model_type)

@@ -1,0 +1,167 @@
+"""Which decoder layers of a transformers config take positions, and of which layer type.
+
+`layer_types(config, model_type)` is the config's `layer_types`, or the list its config class
+makes when a `config.json` leaves it out; `positionless_layers` says, per layer, whether it
+uses no RoPE: NoPE layers (SmolLM3 and Llama 4's `no_rope_layers`, EXAONE 4's global
+layers), linear-attention layers (Qwen3-Next, Qwen3.5) and convolutions (LFM2). Each rule is
+the one of the family's transformers 5 config class and attention code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from keras_posenc.scaling_keys import short_repr
+from keras_posenc.transformers_families import FULL, SLIDING, Family
+
+
+def _every(interval: int, other: str, each: str) -> Callable[[int], str]:
+    return lambda index: other if (index + 1) % interval else each
+
+
+def _gemma4(config: dict, count: int) -> list[str]:
+    types = [_every(6, SLIDING, FULL)(index) for index in range(count)]
+    return types[:-1] + [FULL] if types else types  # its last layer is always global
+
+
+def _exaone4(config: dict, count: int) -> list[str] | None:
+    if config.get("sliding_window", _SLIDING_WINDOW["exaone4"]) is None:
+        return [FULL] * count
+    pattern = config.get("sliding_window_pattern", 4)
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
+        return None  # a string pattern: the config must list its layer_types
+    return [_every(pattern, SLIDING, FULL)(index) for index in range(count)]
+
+
+def _llama4(config: dict, count: int) -> list[str]:
+    chunked = config.get("attention_chunk_size", 8192) is not None
+    return [
+        "chunked_attention" if rope and chunked else FULL
+        for rope in _no_rope_flags(config, "llama4_text", count)
+    ]
+
+
+def _lfm2(config: dict, count: int) -> list[str]:
+    full = config.get("full_attn_idxs")
+    full = range(count) if full is None else full
+    return [FULL if index in full else "conv" for index in range(count)]
+
+
+def _smollm3(config: dict, count: int) -> list[str]:
+    sliding = config.get("use_sliding_window", False) and config.get("sliding_window") is not None
+    return [
+        SLIDING if sliding and not rope else FULL
+        for rope in _no_rope_flags(config, "smollm3", count)
+    ]
+
+
+def _qwen3_next(config: dict, count: int) -> list[str]:
+    every = _every(config.get("full_attention_interval", 4), "linear_attention", FULL)
+    return [every(index) for index in range(count)]
+
+
+# The layer types each config class makes when the config gives none.
+_DEFAULT_TYPES: dict[str, Callable[[dict, int], list[str] | None]] = {
+    "gemma4_text": _gemma4,
+    "gpt_oss": lambda config, count: [_every(2, SLIDING, FULL)(i) for i in range(count)],
+    "olmo3": lambda config, count: [_every(4, SLIDING, FULL)(i) for i in range(count)],
+    "exaone4": _exaone4,
+    "llama4_text": _llama4,
+    "lfm2": _lfm2,
+    "smollm3": _smollm3,
+    "deepseek_v32": lambda config, count: ["indexed_attention"] * count,
+    "qwen3_next": _qwen3_next,
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
+}
+# Config-class defaults of keys the schedules read.
+_SLIDING_WINDOW = {"exaone4": 4096}
+
+
+def layer_count(config: dict) -> int | None:
+    """`num_hidden_layers` (or GPT-style `n_layer`), None when the config has neither."""
+    for key in ("num_hidden_layers", "n_layer"):
+        value = config.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"config[{key!r}] must be a positive integer, got {short_repr(value)}."
+                )
+            return value
+    return None
+
+
+def layer_types(config: dict, model_type: str) -> list[str] | None:
+    """The type of each layer: the config's `layer_types`, else its config class's default."""
+    types = config.get("layer_types")
+    count = layer_count(config)
+    if types is not None:
+        if not isinstance(types, (list, tuple)) or not all(isinstance(t, str) for t in types):
+            raise ValueError(
+                f"config['layer_types'] must be a list of strings, got {short_repr(types)}."
+            )
+        if count is not None and len(types) != count:
+            raise ValueError(
+                f"config['layer_types'] has {len(types)} entries for num_hidden_layers={count}."
+            )
+        return list(types)
+    if model_type not in _DEFAULT_TYPES or count is None:
+        return None
+    return _DEFAULT_TYPES[model_type](config, count)
+
+
+def _no_rope_flags(config: dict, model_type: str, count: int) -> list[bool]:
+    """SmolLM3 / Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE, 0 for NoPE."""
+    flags = config.get("no_rope_layers")
+    # Llama4TextConfig replaces an empty list too; SmolLM3Config only None.
+    if flags is None or (model_type == "llama4_text" and not flags):
+        interval = config.get("no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+            raise ValueError(
+                "config['no_rope_layer_interval'] must be a positive integer, got "
+                f"{short_repr(interval)}."
+            )
+        return [bool((index + 1) % interval) for index in range(count)]
+    if not isinstance(flags, (list, tuple)) or not all(flag in (0, 1) for flag in flags):
+        raise ValueError(
+            "config['no_rope_layers'] must be a list of 0 / 1 per layer (1: the layer uses "
+            f"RoPE), got {short_repr(flags)}."
+        )
+    if len(flags) < count:
+        raise ValueError(
+            f"config['no_rope_layers'] has {len(flags)} entries for {count} layers; it needs one "
+            "per layer."
+        )
+    return [bool(flag) for flag in flags[:count]]
+
+
+def positionless_types(config: dict, model_type: str, family: Family) -> tuple[str, ...]:
+    """The layer types whose layers use no RoPE."""
+    types = tuple(family.positionless)
+    if family.no_rope == "global":
+        # EXAONE 4: "global NoPE" wherever there is a sliding window.
+        window = config.get("sliding_window", _SLIDING_WINDOW.get(model_type))
+        if window is not None:
+            types += (FULL,)
+    return types
+
+
+def positionless_layers(config: dict, model_type: str, family: Family) -> list[bool]:
+    """Per layer: True where it uses no RoPE."""
+    count = layer_count(config)
+    if count is None:
+        raise ValueError("The config needs 'num_hidden_layers' to list its layers.")
+    types = layer_types(config, model_type)
+    without = positionless_types(config, model_type, family)
+    if types is None:
+        if without:
+            raise ValueError(
+                f"A {model_type} config needs 'layer_types' (which of its layers are "
+                f"{' / '.join(without)}); this one has none."
+            )
+        types = [None] * count
+    nope = [layer_type in without for layer_type in types]
+    if family.no_rope == "no_rope_layers":
+        rope = _no_rope_flags(config, model_type, count)
+        nope = [old or not uses for old, uses in zip(nope, rope, strict=True)]
+    return nope
