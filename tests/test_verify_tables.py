@@ -305,3 +305,47 @@ def test_verify_export_lists_the_tables_an_artifact_does_not_store_whole(tmp_pat
     split = [e for e in audited["tables"] if e["table"] not in audited["not_stored_whole"]]
     assert {e["table"] for e in split} == {f"rope/{n}" for n in audit.SPLIT_NAMES}
     assert all(e["stored_as"] for e in split)
+
+
+def _cached_table():
+    (table,) = [
+        t for t in audit.expected_tables(_model("rotary"), None) if "cached_0" in t["table"]
+    ]
+    return table
+
+
+def _changed(array, rows):
+    array = array.copy()
+    array[rows] += np.float32(1e-3)
+    return array
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        lambda a: _changed(a, slice(511, 3585)),  # more than half the rows, none a case reads
+        lambda a: a * np.float32(1.001),  # every row
+        lambda a: _changed(a, 2048).reshape(-1),  # flat, reshaped in the graph
+        lambda a: np.ascontiguousarray(_changed(a, 2048).T),  # transposed in the graph
+        lambda a: _changed(a, 2048).astype("bfloat16"),  # cast in the graph
+    ],
+    ids=["most-rows", "every-row", "flat", "transposed", "bfloat16"],
+)
+def test_a_changed_table_stored_in_any_shape_or_dtype_fails(stored):
+    table = _cached_table()
+    assert audit.audit_tensors([table], [("t", table["array"].reshape(-1))])["passed"]
+    result = audit.audit_tensors([table], [("t", stored(table["array"]))])
+    assert not result["passed"], result
+    assert result["tables"][0]["max_abs_error"] >= 5e-4
+
+
+def test_tables_that_differ_a_little_are_each_matched_with_their_own_copy():
+    # Two RoPE tables a wavelength 1 apart: each copy is near both, and equal to one.
+    keras.utils.set_random_seed(7)
+    x = keras.Input((None, 1, WIDTH), name="x")
+    y = RotaryEmbedding(max_wavelength=10_001, name="b")(RotaryEmbedding(name="a")(x))
+    tables = audit.expected_tables(keras.Model(x, y), None)
+    stored = [(f"copy of {t['table']}", t["array"]) for t in tables]
+    result = audit.audit_tensors(tables, stored)
+    assert result["passed"], [e for e in result["tables"] if not e["passed"]]
+    assert [e["stored_as"] for e in result["tables"]] == [[n] for n, _ in stored]
