@@ -1,7 +1,7 @@
 """The export job's arguments, parsed and checked before anything imports TensorFlow.
 
 The defaults are the package's own (`keras_posenc.export`: `BATCH_SIZES`, `SEQUENCE_LENGTHS`,
-`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`), written here as plain values because
+`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`, `frequencies.MAX_POSITIONS`), written here as plain values because
 importing the package would load TensorFlow; `tests/test_export_cli.py` holds them equal.
 """
 
@@ -17,6 +17,7 @@ SEQUENCE_LENGTHS = (1, 2, 17, 128, 511)
 DEFAULT_OPSET = 17
 SUPPORTED_OPSETS = (13, 14, 15, 16, 17, 18, 23)
 REPEATS = 7
+MAX_POSITIONS = 2**24  # the positions any file serves: [0, 2^24)
 
 # In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
 # installed package) into the current folder.
@@ -45,6 +46,14 @@ def _positive_integer(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _folder(text: str) -> Path:
+    if not text.strip():  # Path("") is the current folder: artifacts among the user's files
+        raise argparse.ArgumentTypeError(
+            "empty: give the folder for the artifacts (such as --out out)"
+        )
+    return Path(text)
 
 
 def default_out() -> Path:
@@ -78,7 +87,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=_folder,
         metavar="DIR",
         default=None,
         help="folder for the artifacts, one subfolder per model (default: export/artifacts "
@@ -172,6 +181,13 @@ def parse_arguments(
             f"--opset {arguments.opset} is not supported: use one of "
             f"{', '.join(map(str, SUPPORTED_OPSETS))}"
         )
+    if arguments.max_length is not None and arguments.max_length > MAX_POSITIONS:
+        parser.error(
+            f"--max-sequence-length {arguments.max_length} is past {MAX_POSITIONS}, the "
+            "positions the files can serve: give at most that, or leave it out (unbounded)"
+        )
+    if arguments.encoder is not None:
+        arguments.encoder = list(dict.fromkeys(arguments.encoder))  # each once, in order
     if arguments.model is not None:
         if not arguments.model.is_file():
             parser.error(f"--model {arguments.model}: no such file")
