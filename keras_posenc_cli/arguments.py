@@ -1,8 +1,9 @@
 """The export job's arguments, parsed and checked before anything imports TensorFlow.
 
 The defaults are the package's own (`keras_posenc.export`: `BATCH_SIZES`, `SEQUENCE_LENGTHS`,
-`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`, `frequencies.MAX_POSITIONS`), written here as plain values because
-importing the package would load TensorFlow; `tests/test_export_cli.py` holds them equal.
+`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`; `frequencies.MAX_POSITIONS`), written
+here as plain values because importing the package would load TensorFlow;
+`tests/test_export_cli.py` holds them equal.
 """
 
 from __future__ import annotations
