@@ -349,3 +349,30 @@ def test_tables_that_differ_a_little_are_each_matched_with_their_own_copy():
     result = audit.audit_tensors(tables, stored)
     assert result["passed"], [e for e in result["tables"] if not e["passed"]]
     assert [e["stored_as"] for e in result["tables"]] == [[n] for n, _ in stored]
+
+
+def test_the_short_and_long_tables_of_a_scaling_that_switches_by_length_are_audited(tmp_path):
+    # longrope: rows of one table up to the original length, of another past it.
+    keras.utils.set_random_seed(7)
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.1],
+        "long_factor": [1.5, 2.0],
+        "original_max_position_embeddings": 64,
+        "max_position_embeddings": 256,
+    }
+    x = keras.Input((None, 1, WIDTH), name="x")
+    start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
+    layer = RotaryEmbedding(scaling=scaling, name="rope")
+    model = keras.Model({"x": x, "start_index": start}, {"y": layer(x, start_index=start)})
+    names = {t["table"] for t in audit.expected_tables(model, None)}
+    tables = ("cached_0", "cached_1", *audit.SPLIT_NAMES)
+    assert names == {f"rope/{kind}_{n}" for kind in ("short", "long") for n in tables}
+    path = kpe.save_onnx(model, tmp_path / "longrope.onnx")
+    clean = _audit(model, "onnxruntime", path)
+    assert clean["passed"] and all(e["stored_as"] for e in clean["tables"]), clean
+    entry = next(e for e in clean["tables"] if e["table"] == "rope/long_cached_0")
+    tampered = _onnx_tampered(path, entry["stored_as"][0], 2048, tmp_path / "t.onnx")
+    result = _audit(model, "onnxruntime", tampered)
+    failed = [e for e in result["tables"] if not e["passed"]]
+    assert [(e["table"], e["worst_row"]) for e in failed] == [("rope/long_cached_0", 2048)]

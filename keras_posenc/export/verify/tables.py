@@ -6,8 +6,9 @@ reads the stored constants of each artifact instead and compares every element w
 the table the model's layers hold:
 
 - the host tables (`PositionTable.stored_arrays(bound)`: made in float64, rounded once
-  to float32) of the sinusoidal and rotary layers, and of their multi-axis forms (each
-  axis's split tables, `AxesRows.stored_arrays`);
+  to float32) of the sinusoidal and rotary layers, of their multi-axis forms (each
+  axis's split tables, `AxesRows.stored_arrays`) and of a scaling that switches tables
+  by length (both tables; see `layer_tables`);
 - the weights of each learned table (`LearnedPositionalEmbedding.embeddings`).
 
 What each format stores, and how it is read:
@@ -50,17 +51,37 @@ from keras_posenc.export.signature import export_bound
 SPLIT_NAMES = ("fine_sin", "fine_cos", "coarse_sin", "coarse_cos")
 
 
-def layer_tables(layer) -> tuple:
-    """The host tables `layer` reads its rows from: its `position_tables()`, and for a
-    multi-axis layer (rows an `axes.AxesRows`, which `position_tables()` leaves out) the
-    tables of its axes."""
-    from keras_posenc.axes import AxesRows
+def layer_tables(layer) -> list[tuple[str, object]]:
+    """`[(prefix, table)]`: the host tables `layer` reads its rows from, each once.
 
-    tables = tuple(getattr(layer, "position_tables", tuple)())
-    rows = getattr(layer, "_table", None)  # the rows a sinusoidal or rotary layer made
+    Its `position_tables()`, and the tables behind rows made otherwise, which that leaves
+    out: each axis's tables of a multi-axis layer (`axes.AxesRows`), and the short and the
+    long table of a scaling that switches by length (`rope_scaling.SwitchByLength`,
+    prefixed `short_` and `long_`; dynamic NTK rows are computed, no table).
+    """
+    found = [("", table) for table in getattr(layer, "position_tables", tuple)()]
+    # The rows a sinusoidal or rotary layer made (no public name).
+    found += _tables_of(getattr(layer, "_table", None), "")
+    unique, seen = [], set()
+    for prefix, table in found:
+        if id(table) not in seen:
+            seen.add(id(table))
+            unique.append((prefix, table))
+    return unique
+
+
+def _tables_of(rows, prefix: str) -> list[tuple[str, object]]:
+    from keras_posenc.axes import AxesRows
+    from keras_posenc.frequencies import PositionTable
+    from keras_posenc.rope_scaling import SwitchByLength
+
+    if isinstance(rows, PositionTable):
+        return [(prefix, rows)]
     if isinstance(rows, AxesRows):
-        tables += rows.position_tables()
-    return tables
+        return [(prefix, table) for table in rows.position_tables()]
+    if isinstance(rows, SwitchByLength):
+        return _tables_of(rows.short, prefix + "short_") + _tables_of(rows.long, prefix + "long_")
+    return []
 
 
 def expected_tables(model, longest: int | None) -> list[dict]:
@@ -84,13 +105,13 @@ def expected_tables(model, longest: int | None) -> list[dict]:
         tables.append({"table": name, "array": array, "group": group, "kind": kind})
 
     for layer in _tf.all_layers(model):
-        for table in layer_tables(layer):
+        for prefix, table in layer_tables(layer):
             if id(table) in seen_tables:
                 continue
             seen_tables.add(id(table))
             for name, array in table.stored_arrays(bound).items():
                 kind = "split" if name.endswith(SPLIT_NAMES) else "cached"
-                add(f"{layer.name}/{name}", array, id(table), kind)
+                add(f"{layer.name}/{prefix}{name}", array, id(table), kind)
         if isinstance(layer, LearnedPositionalEmbedding) and layer.built:
             weights = np.asarray(layer.embeddings.numpy())
             if np.issubdtype(weights.dtype, np.floating):
