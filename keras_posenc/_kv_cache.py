@@ -250,6 +250,23 @@ def checked_attention_mask(attention_mask, steps, max_length: int):
             f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
             f"{max_length}): one entry per new query and cache slot, got {shape}."
         )
+    if (shape[1] is None or shape[2] is None) and not tf.executing_eagerly():
+        # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
+        # the queries, which eagerly is refused above.
+        sizes = tf.shape(attention_mask)[1:]
+        fits = tf.reduce_all(tf.equal(sizes, tf.stack([tf.cast(steps, tf.int32), max_length])))
+        fits = _asserted(
+            fits,
+            [
+                "attention_mask with a cache must be (batch, steps, max_length): one entry "
+                "per new query and cache slot. Its steps and slots, then the wanted ones:",
+                sizes,
+                steps,
+                max_length,
+            ],
+        )
+        with tf.control_dependencies([fits]):
+            attention_mask = tf.identity(attention_mask)
     return attention_mask
 
 

@@ -152,3 +152,17 @@ def test_in_a_graph_a_cache_mask_of_another_batch_fails_or_is_nan_never_broadcas
     assert np.isfinite(graph(x, _cache(2), np.ones((2, MAX_LENGTH), np.float32))).all()
     xla = tf.function(step, input_signature=signature, jit_compile=True)
     assert np.isnan(xla(x, _cache(2), mask).numpy()).all()
+
+
+def test_in_a_graph_an_attention_mask_of_other_steps_fails_never_broadcast():
+    # Eagerly refused (above); with the sizes unknown while tracing, a (batch, 1, max_length)
+    # mask used to be broadcast over the queries.
+    layer = _layer()
+    graph = tf.function(
+        lambda x, mask: layer(x, x, cache=_cache(2), cache_update_index=0, attention_mask=mask)[0],
+        input_signature=[tf.TensorSpec([None, None, WIDTH]), tf.TensorSpec([None, None, None])],
+    )
+    x = _tokens(batch=2, steps=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="attention_mask with a cache must"):
+        graph(x, np.ones((2, 1, MAX_LENGTH), np.float32))
+    assert np.isfinite(graph(x, np.ones((2, 2, MAX_LENGTH), np.float32))).all()
