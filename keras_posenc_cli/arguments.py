@@ -19,6 +19,7 @@ DEFAULT_OPSET = 17
 SUPPORTED_OPSETS = (13, 14, 15, 16, 17, 18, 23)
 REPEATS = 7
 MAX_POSITIONS = 2**24  # the positions any file serves: [0, 2^24)
+LARGEST_AXIS = 2**31 - 1  # int32 shapes (TFLite's, and TensorFlow's kernels')
 
 # In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
 # installed package) into the current folder.
@@ -35,6 +36,10 @@ def _positive_integers(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(
             f"expected positive integers separated by commas (such as 1,2,8), got {text!r}"
+        )
+    if max(values) > LARGEST_AXIS:
+        raise argparse.ArgumentTypeError(
+            f"{max(values)} is larger than any tensor axis can be ({LARGEST_AXIS}), in {text!r}"
         )
     return values
 

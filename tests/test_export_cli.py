@@ -271,6 +271,7 @@ def test_noise_filter_keeps_everything_else():
         (["--max-sequence-length", str(2**24 + 1)], "--max-sequence-length 16777217 is past"),
         (["--max-length", "99999999999999999999"], "is past 16777216"),
         (["--out", ""], "argument --out: empty: give the folder"),
+        (["--batch-sizes", "1,99999999999999999999"], "larger than any tensor axis"),
     ],
 )
 def test_arguments_the_job_would_refuse_later_are_refused_before_tensorflow(
