@@ -192,16 +192,34 @@ def checked_batches(cache, queries, cache_mask):
                 f"cache_mask has batch {mask_batch} but the cache {cache_batch}: one row "
                 "of cache_mask per cache row, (batch, max_length)."
             )
-    if batch is not None and cache_batch is not None:
+    mask_known = cache_mask is None or (cache_mask.shape[0] is not None and cache_batch is not None)
+    if batch is not None and cache_batch is not None and mask_known:
         return None
     same = tf.equal(tf.shape(queries)[0], tf.shape(cache)[0])
     if not tf.executing_eagerly():
-        assertion = tf.debugging.Assert(
-            same, ["The cache's batch is not the queries' batch:", tf.shape(cache)[0]]
-        )
-        with tf.control_dependencies([assertion]):
-            same = tf.identity(same)
+        same = _asserted(same, ["The cache's batch is not the queries' batch:", tf.shape(cache)[0]])
+    if cache_mask is not None:
+        # A batch-1 mask would broadcast: every row given row 0's padding.
+        same_mask = tf.equal(tf.shape(cache_mask)[0], tf.shape(cache)[0])
+        if not tf.executing_eagerly():
+            same_mask = _asserted(
+                same_mask,
+                [
+                    "cache_mask has a batch other than the cache: give one row of cache_mask "
+                    "per cache row, (batch, max_length). The batches of cache_mask and cache:",
+                    tf.shape(cache_mask)[0],
+                    tf.shape(cache)[0],
+                ],
+            )
+        same &= same_mask
     return same
+
+
+def _asserted(condition: tf.Tensor, message: list) -> tf.Tensor:
+    """`condition`, after an assertion of it (in a graph; XLA and the converters drop it)."""
+    assertion = tf.debugging.Assert(condition, message)
+    with tf.control_dependencies([assertion]):
+        return tf.identity(condition)
 
 
 def checked_cache_mask(cache_mask, max_length: int):
@@ -232,6 +250,23 @@ def checked_attention_mask(attention_mask, steps, max_length: int):
             f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
             f"{max_length}): one entry per new query and cache slot, got {shape}."
         )
+    if (shape[1] is None or shape[2] is None) and not tf.executing_eagerly():
+        # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
+        # the queries, which eagerly is refused above.
+        sizes = tf.shape(attention_mask)[1:]
+        fits = tf.reduce_all(tf.equal(sizes, tf.stack([tf.cast(steps, tf.int32), max_length])))
+        fits = _asserted(
+            fits,
+            [
+                "attention_mask with a cache must be (batch, steps, max_length): one entry "
+                "per new query and cache slot. Its steps and slots, then the wanted ones:",
+                sizes,
+                steps,
+                max_length,
+            ],
+        )
+        with tf.control_dependencies([fits]):
+            attention_mask = tf.identity(attention_mask)
     return attention_mask
 
 

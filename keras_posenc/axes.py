@@ -175,6 +175,16 @@ class AxisPairs:
             axis = np.repeat(np.arange(len(section)), section)
         return cls(omega, axis, scale)
 
+    def stored_arrays(self) -> dict[str, np.ndarray]:
+        """The host arrays an export holds as constants, by name: each axis's split tables
+        (`axis{a}_fine_sin`, ...; every coarse row, as `sin_cos` reads them unbounded)."""
+        names = ("fine_sin", "fine_cos", "coarse_sin", "coarse_cos")
+        return {
+            f"axis{a}_{name}": constant.array
+            for a, table in enumerate(self.tables)
+            for name, constant in zip(names, table._split_tables, strict=True)
+        }
+
     def sin_cos(self, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`(sin, cos)` per pair for positions `(..., axes)`: shape `(..., pairs)`."""
         parts = [table.sin_cos(positions[..., a]) for a, table in enumerate(self.tables)]
@@ -206,6 +216,17 @@ class AxesRows:
 
     def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
         return tuple(self.make_rows(*self.sin_cos(positions)))
+
+    def position_tables(self) -> tuple[AxesRows, ...]:
+        """`(self,)` when the rows come from an `AxisPairs`' tables (what an export stores,
+        `stored_arrays(bound)`, for the audit of `export.verify.tables`), else `()`."""
+        return (self,) if isinstance(getattr(self.sin_cos, "__self__", None), AxisPairs) else ()
+
+    def stored_arrays(self, bound: int | None = None) -> dict[str, np.ndarray]:
+        """The split tables of every axis (see `AxisPairs.stored_arrays`), whatever `bound`:
+        the rows of coordinates are gathered from whole tables."""
+        # `sin_cos` is `AxisPairs.sin_cos`, bound to the pairs whose tables it reads.
+        return self.sin_cos.__self__.stored_arrays()
 
     def slice(self, start, length, combine=as_rows):
         run = tf.range(length) + start

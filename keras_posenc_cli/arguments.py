@@ -1,8 +1,9 @@
 """The export job's arguments, parsed and checked before anything imports TensorFlow.
 
 The defaults are the package's own (`keras_posenc.export`: `BATCH_SIZES`, `SEQUENCE_LENGTHS`,
-`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`), written here as plain values because
-importing the package would load TensorFlow; `tests/test_export_cli.py` holds them equal.
+`DEFAULT_OPSET`, `SUPPORTED_OPSETS`, `DEFAULT_ENCODERS`; `frequencies.MAX_POSITIONS`), written
+here as plain values because importing the package would load TensorFlow;
+`tests/test_export_cli.py` holds them equal.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ SEQUENCE_LENGTHS = (1, 2, 17, 128, 511)
 DEFAULT_OPSET = 17
 SUPPORTED_OPSETS = (13, 14, 15, 16, 17, 18, 23)
 REPEATS = 7
+MAX_POSITIONS = 2**24  # the positions any file serves: [0, 2^24)
+LARGEST_AXIS = 2**31 - 1  # int32 shapes (TFLite's, and TensorFlow's kernels')
 
 # In a checkout the artifacts go where they always went, export/artifacts; elsewhere (an
 # installed package) into the current folder.
@@ -34,6 +37,10 @@ def _positive_integers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"expected positive integers separated by commas (such as 1,2,8), got {text!r}"
         )
+    if max(values) > LARGEST_AXIS:
+        raise argparse.ArgumentTypeError(
+            f"{max(values)} is larger than any tensor axis can be ({LARGEST_AXIS}), in {text!r}"
+        )
     return values
 
 
@@ -45,6 +52,14 @@ def _positive_integer(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _folder(text: str) -> Path:
+    if not text.strip():  # Path("") is the current folder: artifacts among the user's files
+        raise argparse.ArgumentTypeError(
+            "empty: give the folder for the artifacts (such as --out out)"
+        )
+    return Path(text)
 
 
 def default_out() -> Path:
@@ -78,7 +93,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=_folder,
         metavar="DIR",
         default=None,
         help="folder for the artifacts, one subfolder per model (default: export/artifacts "
@@ -172,6 +187,13 @@ def parse_arguments(
             f"--opset {arguments.opset} is not supported: use one of "
             f"{', '.join(map(str, SUPPORTED_OPSETS))}"
         )
+    if arguments.max_length is not None and arguments.max_length > MAX_POSITIONS:
+        parser.error(
+            f"--max-sequence-length {arguments.max_length} is past {MAX_POSITIONS}, the "
+            "positions the files can serve: give at most that, or leave it out (unbounded)"
+        )
+    if arguments.encoder is not None:
+        arguments.encoder = list(dict.fromkeys(arguments.encoder))  # each once, in order
     if arguments.model is not None:
         if not arguments.model.is_file():
             parser.error(f"--model {arguments.model}: no such file")

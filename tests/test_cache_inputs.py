@@ -128,3 +128,41 @@ def test_an_attention_mask_of_the_wrong_shape_is_an_error_naming_it():
 def test_zero_heads_are_an_error_naming_the_argument(make):
     with pytest.raises(ValueError, match=r"(num_query_heads|num_key_value_heads|num_heads)=0"):
         make()
+
+
+def test_in_a_graph_a_cache_mask_of_another_batch_fails_or_is_nan_never_broadcast():
+    # Eagerly refused (above); with the batch unknown while tracing, a batch-1 cache_mask
+    # used to be broadcast over every row: row 0's padding for all.
+    layer = _layer()
+    signature = [
+        tf.TensorSpec([None, None, WIDTH]),
+        tf.TensorSpec([None, 2, MAX_LENGTH, 2, HEAD_DIM]),
+        tf.TensorSpec([None, MAX_LENGTH]),
+    ]
+
+    def step(x, cache, cache_mask):
+        return layer(x, x, cache=cache, cache_update_index=0, cache_mask=cache_mask)[0]
+
+    x, mask = _tokens(batch=2, steps=2), np.ones((1, MAX_LENGTH), np.float32)
+    graph = tf.function(step, input_signature=signature)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="cache_mask has a batch other than the cache"
+    ):
+        graph(x, _cache(2), mask)
+    assert np.isfinite(graph(x, _cache(2), np.ones((2, MAX_LENGTH), np.float32))).all()
+    xla = tf.function(step, input_signature=signature, jit_compile=True)
+    assert np.isnan(xla(x, _cache(2), mask).numpy()).all()
+
+
+def test_in_a_graph_an_attention_mask_of_other_steps_fails_never_broadcast():
+    # Eagerly refused (above); with the sizes unknown while tracing, a (batch, 1, max_length)
+    # mask used to be broadcast over the queries.
+    layer = _layer()
+    graph = tf.function(
+        lambda x, mask: layer(x, x, cache=_cache(2), cache_update_index=0, attention_mask=mask)[0],
+        input_signature=[tf.TensorSpec([None, None, WIDTH]), tf.TensorSpec([None, None, None])],
+    )
+    x = _tokens(batch=2, steps=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="attention_mask with a cache must"):
+        graph(x, np.ones((2, 1, MAX_LENGTH), np.float32))
+    assert np.isfinite(graph(x, np.ones((2, 2, MAX_LENGTH), np.float32))).all()

@@ -263,3 +263,37 @@ def test_noise_filter_keeps_everything_else():
     ]
     assert all(is_noise(line) for line in noise)
     assert not any(is_noise(line) for line in kept)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--max-sequence-length", str(2**24 + 1)], "--max-sequence-length 16777217 is past"),
+        (["--max-length", "99999999999999999999"], "is past 16777216"),
+        (["--out", ""], "argument --out: empty: give the folder"),
+        (["--batch-sizes", "1,99999999999999999999"], "larger than any tensor axis"),
+    ],
+)
+def test_arguments_the_job_would_refuse_later_are_refused_before_tensorflow(
+    arguments, message, capsys
+):
+    from keras_posenc_cli.arguments import parse_arguments
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_arguments(arguments)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_encoder_named_twice_is_exported_once():
+    from keras_posenc_cli.arguments import parse_arguments
+
+    chosen = parse_arguments(["--encoder", "rotary", "--encoder", "learned", "--encoder=rotary"])
+    assert chosen.encoder == ["rotary", "learned"]
+
+
+def test_the_front_doors_position_limit_is_the_packages():
+    from keras_posenc.frequencies import MAX_POSITIONS
+    from keras_posenc_cli import arguments
+
+    assert arguments.MAX_POSITIONS == MAX_POSITIONS

@@ -236,3 +236,143 @@ def test_runs_of_rows_are_audited_and_an_absent_table_is_listed():
     result = audit.audit_tensors(expected[:1], [("w", other)])
     assert result["passed"] and result["tables"][0]["reason"] == "not stored whole"
     assert result["tables"][0]["stored_as"] == []
+
+
+# --- multi-axis layers: the split tables of every axis ---------------------------------
+
+
+def _multi_axis_model(kind: str) -> keras.Model:
+    keras.utils.set_random_seed(7)
+    if kind == "sinusoidal_axes":
+        x = keras.Input((None, 2 * WIDTH), name="x")
+        layer, axes = SinusoidalPositionalEncoding(axes=2, name="sines"), 2
+    else:  # M-RoPE: each axis its own frequencies, so its own tables
+        x = keras.Input((None, 1, 2 * WIDTH), name="x")
+        layer, axes = RotaryEmbedding(mrope_section=(1, 1, 2), name="rope"), 3
+    positions = keras.Input((None, axes), dtype="int32", name="positions")
+    return keras.Model({"x": x, "positions": positions}, {"y": layer(x, positions=positions)})
+
+
+@pytest.mark.parametrize(
+    "kind, formats", [("mrope", FORMATS), ("sinusoidal_axes", ("onnxruntime",))]
+)
+def test_the_tables_of_every_axis_are_audited_and_a_changed_row_fails(kind, formats, tmp_path):
+    model = _multi_axis_model(kind)
+    axes = 3 if kind == "mrope" else 2
+    names = {t["table"] for t in audit.expected_tables(model, None)}
+    layer = "rope" if kind == "mrope" else "sines"
+    assert names == {f"{layer}/axis{a}_{n}" for a in range(axes) for n in audit.SPLIT_NAMES}
+    save = {
+        "onnxruntime": lambda: kpe.save_onnx(model, tmp_path / "m.onnx"),
+        "litert": lambda: kpe.save_litert(model, tmp_path / "m.tflite"),
+        "saved_model": lambda: kpe.save_saved_model(model, tmp_path / "m_saved_model"),
+    }
+    for runtime in formats:
+        path = Path(save[runtime]())
+        clean = _audit(model, runtime, path)
+        assert clean["passed"] and all(e["stored_as"] for e in clean["tables"]), clean
+        for entry in clean["tables"]:
+            if not entry["table"].endswith("0_fine_sin") and "coarse_cos" not in entry["table"]:
+                continue  # one fine and every coarse table keeps the test short
+            row = entry["rows"] // 2
+            out = tmp_path / f"{len(list(tmp_path.iterdir()))}{SUFFIX[runtime]}"
+            tampered = TAMPER[runtime](path, entry["stored_as"][0], row, out)
+            result = _audit(model, runtime, tampered)
+            failed = [e for e in result["tables"] if not e["passed"]]
+            assert entry["table"] in {e["table"] for e in failed}, (runtime, entry)
+            assert all(e["worst_row"] == row for e in failed)
+
+
+def test_verify_export_lists_the_tables_an_artifact_does_not_store_whole(tmp_path):
+    # Gathered positions read the split tables alone: the cached rows are in no file.
+    keras.utils.set_random_seed(7)
+    x = keras.Input((None, 1, WIDTH), name="x")
+    positions = keras.Input((None,), dtype="int32", name="positions")
+    model = keras.Model(
+        {"x": x, "positions": positions},
+        {"y": RotaryEmbedding(name="rope")(x, positions=positions)},
+    )
+    path = kpe.save_onnx(model, tmp_path / "positions.onnx")
+    report = kpe.verify_export(model, onnx_path=path, **GRID)
+    audited = report["tables"]["onnxruntime"]
+    assert audited["passed"]
+    assert audited["not_stored_whole"] == ["rope/cached_0", "rope/cached_1"]
+    for name in audited["not_stored_whole"]:
+        (entry,) = [e for e in audited["tables"] if e["table"] == name]
+        assert entry["reason"] == "not stored whole" and entry["stored_as"] == []
+    (note,) = [n for n in report["notes"] if "not stored whole" in n]
+    assert note.startswith("onnxruntime:") and "rope/cached_0, rope/cached_1" in note
+    split = [e for e in audited["tables"] if e["table"] not in audited["not_stored_whole"]]
+    assert {e["table"] for e in split} == {f"rope/{n}" for n in audit.SPLIT_NAMES}
+    assert all(e["stored_as"] for e in split)
+
+
+def _cached_table():
+    (table,) = [
+        t for t in audit.expected_tables(_model("rotary"), None) if "cached_0" in t["table"]
+    ]
+    return table
+
+
+def _changed(array, rows):
+    array = array.copy()
+    array[rows] += np.float32(1e-3)
+    return array
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        lambda a: _changed(a, slice(511, 3585)),  # more than half the rows, none a case reads
+        lambda a: a * np.float32(1.001),  # every row
+        lambda a: _changed(a, 2048).reshape(-1),  # flat, reshaped in the graph
+        lambda a: np.ascontiguousarray(_changed(a, 2048).T),  # transposed in the graph
+        lambda a: _changed(a, 2048).astype("bfloat16"),  # cast in the graph
+    ],
+    ids=["most-rows", "every-row", "flat", "transposed", "bfloat16"],
+)
+def test_a_changed_table_stored_in_any_shape_or_dtype_fails(stored):
+    table = _cached_table()
+    assert audit.audit_tensors([table], [("t", table["array"].reshape(-1))])["passed"]
+    result = audit.audit_tensors([table], [("t", stored(table["array"]))])
+    assert not result["passed"], result
+    assert result["tables"][0]["max_abs_error"] >= 5e-4
+
+
+def test_tables_that_differ_a_little_are_each_matched_with_their_own_copy():
+    # Two RoPE tables a wavelength 1 apart: each copy is near both, and equal to one.
+    keras.utils.set_random_seed(7)
+    x = keras.Input((None, 1, WIDTH), name="x")
+    y = RotaryEmbedding(max_wavelength=10_001, name="b")(RotaryEmbedding(name="a")(x))
+    tables = audit.expected_tables(keras.Model(x, y), None)
+    stored = [(f"copy of {t['table']}", t["array"]) for t in tables]
+    result = audit.audit_tensors(tables, stored)
+    assert result["passed"], [e for e in result["tables"] if not e["passed"]]
+    assert [e["stored_as"] for e in result["tables"]] == [[n] for n, _ in stored]
+
+
+def test_the_short_and_long_tables_of_a_scaling_that_switches_by_length_are_audited(tmp_path):
+    # longrope: rows of one table up to the original length, of another past it.
+    keras.utils.set_random_seed(7)
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.1],
+        "long_factor": [1.5, 2.0],
+        "original_max_position_embeddings": 64,
+        "max_position_embeddings": 256,
+    }
+    x = keras.Input((None, 1, WIDTH), name="x")
+    start = keras.Input(batch_shape=(), dtype="int32", name="start_index")
+    layer = RotaryEmbedding(scaling=scaling, name="rope")
+    model = keras.Model({"x": x, "start_index": start}, {"y": layer(x, start_index=start)})
+    names = {t["table"] for t in audit.expected_tables(model, None)}
+    tables = ("cached_0", "cached_1", *audit.SPLIT_NAMES)
+    assert names == {f"rope/{kind}_{n}" for kind in ("short", "long") for n in tables}
+    path = kpe.save_onnx(model, tmp_path / "longrope.onnx")
+    clean = _audit(model, "onnxruntime", path)
+    assert clean["passed"] and all(e["stored_as"] for e in clean["tables"]), clean
+    entry = next(e for e in clean["tables"] if e["table"] == "rope/long_cached_0")
+    tampered = _onnx_tampered(path, entry["stored_as"][0], 2048, tmp_path / "t.onnx")
+    result = _audit(model, "onnxruntime", tampered)
+    failed = [e for e in result["tables"] if not e["passed"]]
+    assert [(e["table"], e["worst_row"]) for e in failed] == [("rope/long_cached_0", 2048)]

@@ -56,7 +56,7 @@ from keras_posenc.export.verify.report import (
     progress_line,
 )
 from keras_posenc.export.verify.runtimes import Runtimes, as_numpy, median_latencies
-from keras_posenc.export.verify.tables import audit_tables
+from keras_posenc.export.verify.tables import audit_tables, unaudited_tables
 
 
 def artifact_paths(saved_model_path, onnx_path, litert_path) -> dict[str, Path]:
@@ -158,8 +158,9 @@ def verify_export(
         `covered_per_axis`, `{input: [runs of axis 0, ...]}`); `sizes` (bytes of the
         artifacts, of the model's weights and of its position tables); `tolerance`; `notes`;
         `tables`, per runtime the audit of every stored position table against the one
-        the model holds (`verify.tables`: every row, exactly; `passed` false when a table
-        is missing or any row differs, the entry naming the table and its worst row).
+        the model holds (`verify.tables`: every row, exactly; `passed` false when any
+        stored row differs, the entry naming the table and its worst row; a table not
+        stored whole is listed in its `not_stored_whole` and in `notes`).
 
     Raises:
         ValueError: batch sizes or sequence lengths that are not positive integers.
@@ -191,6 +192,7 @@ def verify_export(
         model, planned, runtimes, compared, paths, cases, (covered, covered_axes), repeats, started
     )
     report["tables"] = audits
+    report["notes"] = report["notes"] + unaudited_tables(audits)
     report["passed"] = report["passed"] and all(a["passed"] for a in audits.values())
     if report_path is not None:
         write_json(report, report_path)

@@ -33,12 +33,15 @@ def position_table_bytes(model: keras.Model, max_sequence_length: int | None = N
     positions past the cache (see `keras_posenc.frequencies`). With a bound (an export's
     `max_sequence_length`, else the smallest learned table) only the rows below it: no
     split tables when it is within the cache, else only the coarse rows below it. The
-    tables are those the layers list (`position_tables()`).
+    tables are those the layers list (`verify.tables.layer_tables`: `position_tables()`,
+    the axes' tables of a multi-axis layer, both tables of a switch by length).
     """
+    from keras_posenc.export.verify.tables import layer_tables
+
     bound = export_bound(model, max_sequence_length)
     tables = {}
     for layer in _tf.all_layers(model):
-        for table in getattr(layer, "position_tables", tuple)():
+        for _, table in layer_tables(layer):
             tables[id(table)] = table
     return sum(
         array.nbytes for table in tables.values() for array in table.stored_arrays(bound).values()
