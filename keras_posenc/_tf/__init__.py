@@ -235,49 +235,6 @@ def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
     return table[start : start + length]
 
 
-def rows_of_run(tables: Sequence, start, length, combine: Callable):
-    """`combine(*rows)` of rows `start .. start + length - 1` of `tables` (tensors or
-    `HostConstant`s of one row count), for a run the caller has checked and poisons.
-
-    A run past the tables' end must still give `length` rows where assertions are
-    dropped (converters, XLA): a slice would stop at the end, and the runtime would then
-    fail on a shape instead of returning NaN. So a start is clamped into the tables where
-    the length fits them, and a length that may not fit takes `length` clamped rows in
-    place of the slice when it does not. Elsewhere the checks raise before the slice runs.
-    """
-    size = (tables[0].array if isinstance(tables[0], HostConstant) else tables[0]).shape[0]
-
-    def sliced(first):
-        return tuple(
-            t.rows(first, length) if isinstance(t, HostConstant) else slice_rows(t, first, length)
-            for t in tables
-        )
-
-    def clamped():
-        steps = tf.clip_by_value(tf.range(length) + start, 0, size - 1)
-        return tuple(
-            tf.gather(t.tensor() if isinstance(t, HostConstant) else t, steps) for t in tables
-        )
-
-    static_length = isinstance(length, (int, np.integer))
-    if isinstance(start, (int, np.integer)) and static_length:
-        return combine(*sliced(start))
-    if static_length and length > size:
-        return combine(*clamped())
-    first = start
-    if not isinstance(start, (int, np.integer)):
-        first = tf.clip_by_value(start, 0, tf.maximum(size - length, 0))
-    if static_length or not assertions_dropped():
-        return combine(*sliced(first))
-    return choose_at_run_time(
-        tf.logical_and(start >= 0, start <= size - length),
-        lambda: sliced(first),
-        clamped,
-        combine,
-        unknown=(length if isinstance(start, (int, np.integer)) else start) >= 0,
-    )
-
-
 def choose_at_run_time(
     predicate: tf.Tensor,
     if_true: Callable[[], Sequence[tf.Tensor]],
