@@ -204,9 +204,7 @@ class PositionTable(TableRows):
     def __init__(self, frequencies: FrequencyTable, make_rows: RowMaker):
         self.frequencies = frequencies
         self.make_rows = make_rows
-        self.ready = tuple(
-            _tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS))
-        )
+        super().__init__(_tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS)))
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""

@@ -16,7 +16,7 @@ class _VariableRows(TableRows):
     """Row access to a `(max_length, width)` variable, for `position_rows`: all rows ready."""
 
     def __init__(self, table):
-        self.ready = (table,)
+        super().__init__((table,))
 
 
 def _initializer(identifier):

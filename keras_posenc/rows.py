@@ -44,15 +44,18 @@ def _is_int(value) -> bool:
 class TableRows:
     """Rows by position from a table: `slice` for a run, `gather` for explicit positions.
 
-    A subclass sets `ready`, tables of one row count (`HostConstant`s, tensors or a
-    variable) whose row `i` serves position `i`. A host table also sets `limit` (positions
-    it can compute rows for) and gives `computed(positions, below)` and
-    `host_run(start, length)`; only its rows are bounded by an export (a learned table is a
-    weight held whole, checked against its own length by `positions`).
+    `ready`: tables of one row count (`HostConstant`s, tensors or a variable) whose row `i`
+    serves position `i`. A host table also sets `limit` (the positions it can compute rows
+    for) and gives `computed(positions, below)` and `host_run(start, length)`; only its
+    rows are bounded by an export (a learned table is a weight held whole, checked against
+    its own length by `positions`).
     """
 
-    ready: Sequence
     limit: int | None = None
+
+    def __init__(self, ready: Sequence):
+        self.ready = tuple(ready)
+        self._below: dict[int, tuple[HostConstant, ...]] = {}
 
     def computed(self, positions: tf.Tensor, below: int | None) -> tuple[tf.Tensor, ...]:
         """The rows of `positions` (in `[0, limit)`, and below `below` when given)."""
@@ -64,10 +67,9 @@ class TableRows:
 
     def ready_below(self, bound: int) -> tuple[HostConstant, ...]:
         """The ready rows below `bound`, one set per bound (each its own stored constant)."""
-        below = self.__dict__.setdefault("_ready_below", {})
-        if bound not in below:
-            below[bound] = tuple(HostConstant(t.array[:bound]) for t in self.ready)
-        return below[bound]
+        if bound not in self._below:
+            self._below[bound] = tuple(HostConstant(t.array[:bound]) for t in self.ready)
+        return self._below[bound]
 
     def slice(self, start, length, combine=as_rows):
         """`combine(*rows)` for positions `start .. start + length - 1` (see `run_rows`)."""
