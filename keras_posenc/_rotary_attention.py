@@ -18,6 +18,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_posenc import _tf
+from keras_posenc._attend import attend
 from keras_posenc._kv_cache import (
     checked_attention_mask,
     checked_batches,
@@ -194,8 +195,8 @@ class RotaryAttention:
                 use_causal_mask,
             )
             causal_only = False
-        output, scores = self._attend(
-            *heads, attention_mask, causal_only, training, return_attention_scores
+        output, scores = attend(
+            self, *heads, attention_mask, causal_only, training, return_attention_scores
         )
         output = _tf.attention_part(self, "output_dense")(
             output if gate is None else ops.multiply(output, gate)
@@ -243,7 +244,7 @@ class RotaryAttention:
 
     def _mask_without_cache(self, query, value, masks: dict, attention_mask, use_causal_mask):
         """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
-        or none when the causal mask alone applies (`_attend` then makes it itself)."""
+        or none when the causal mask alone applies (`attend` then makes it itself)."""
         causal_only = (
             use_causal_mask
             and all(mask is None for mask in masks.values())
@@ -346,56 +347,6 @@ class RotaryAttention:
             (cache_mask, query_mask, attention_mask),
         )
         return query_heads, keys, values, visible, new_cache
-
-    def _attend(self, query, key, value, mask, causal_only, training, return_scores):
-        """Dot-product attention of `(batch, steps, heads, dim)` heads, Keras's way.
-
-        Key/value heads are repeated for the query groups here, after the rotation (and
-        after the cache). Without scores or active dropout this is Keras's
-        `ops.dot_product_attention` (the backend's fused attention, flash when enabled);
-        otherwise the explicit product and the base layer's masked softmax.
-        """
-        query_heads, kv_heads, _, _ = self._head_counts()
-        if query_heads != kv_heads:
-            key = ops.repeat(key, query_heads // kv_heads, axis=2)
-            value = ops.repeat(value, query_heads // kv_heads, axis=2)
-        flash_attention = _tf.attention_part(self, "flash_attention")
-        if flash_attention and return_scores:
-            raise ValueError(
-                "Returning attention scores is not supported when flash attention is "
-                "enabled. Please disable flash attention to access attention scores."
-            )
-        dropout = self.dropout > 0.0 and bool(training)
-        if not (return_scores or dropout):
-            if causal_only:
-                # What `is_causal=True` makes on the TensorFlow backend (no kernel of its
-                # own there), but with built-in LiteRT ops: the backend's `mask[None, None]`
-                # is a StridedSlice with new axes that LiteRT runs only as a Flex op.
-                steps = ops.arange(ops.shape(query)[1])
-                mask = ops.expand_dims(steps, 1) >= ops.expand_dims(
-                    ops.arange(ops.shape(key)[1]), 0
-                )
-            if mask is not None:
-                mask = ops.cast(mask, "bool")
-                while len(mask.shape) < 4:
-                    mask = ops.expand_dims(mask, axis=-3)  # the heads' axis
-            output = ops.dot_product_attention(
-                query,
-                key,
-                value,
-                mask=mask,
-                scale=self._scale(),
-                flash_attention=flash_attention,
-            )
-            return output, None
-        if causal_only:
-            mask = _tf.causal_mask(self, query, value)
-        query = ops.multiply(query, ops.cast(self._scale(), query.dtype))
-        scores = ops.einsum("btnh,bsnh->bnts", query, key)
-        scores = _tf.masked_softmax(self, scores, mask)
-        dropout_layer = _tf.attention_part(self, "dropout_layer")
-        dropped = dropout_layer(scores, training=training) if dropout else scores
-        return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
 
     def compute_output_spec(
         self,

@@ -27,12 +27,11 @@ import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc._checks import (
-    after,
-    check,
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
 )
+from keras_posenc.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
 
 CACHED_POSITIONS = 4096
 MAX_POSITIONS = CACHED_POSITIONS * CACHED_POSITIONS  # 16,777,216
@@ -190,27 +189,22 @@ def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf
 RowMaker = Callable[[tf.Tensor, tf.Tensor], Sequence[tf.Tensor]]
 
 
-def as_rows(*rows: tf.Tensor) -> tuple[tf.Tensor, ...]:
-    """The rows themselves: the default `combine` of `PositionTable.slice`."""
-    return rows
-
-
-class PositionTable:
+class PositionTable(TableRows):
     """Per-position rows `make_rows(sin, cos)`, ready for the first `CACHED_POSITIONS` positions.
 
     `make_rows` turns `(sin, cos)` of shape `(..., dim/2)` into the tables a layer combines
     with its input (for example the interleaved encoding, or RoPE's cos and signed sin).
     It runs once on the float64 host values to build the cache (one rounding), and in
-    the graph on exact float32 values for positions past the cache.
+    the graph on exact float32 values for positions past the cache. Which rows serve a
+    run or some positions (`slice`, `gather`) is decided in `keras_posenc.rows`.
     """
+
+    limit = MAX_POSITIONS
 
     def __init__(self, frequencies: FrequencyTable, make_rows: RowMaker):
         self.frequencies = frequencies
         self.make_rows = make_rows
-        self._cached = tuple(
-            _tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS))
-        )
-        self._below: dict[int, tuple[_tf.HostConstant, ...]] = {}
+        super().__init__(_tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS)))
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""
@@ -220,7 +214,7 @@ class PositionTable:
 
     @property
     def cached(self) -> tuple[np.ndarray, ...]:
-        return tuple(t.array for t in self._cached)
+        return tuple(t.array for t in self.ready)
 
     def stored_arrays(self, bound: int | None = None) -> dict[str, np.ndarray]:
         """The host arrays of this table an export holds as constants, by name.
@@ -243,118 +237,15 @@ class PositionTable:
         )
         return named
 
-    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """Rows for integer `positions` of any shape, each in `[0, MAX_POSITIONS)`."""
-        bound = _tf.position_bound()
-        if bound is None:
-            return tuple(self.make_rows(*self.frequencies.sin_cos(positions)))
-        largest = tf.reduce_max(positions)
-        checks = check(
-            lambda top: top < bound,
-            [largest],
-            lambda top: f"the largest of the positions is {top}, " + _past_bound(bound),
+    def computed(self, positions: tf.Tensor, below: int | None) -> tuple[tf.Tensor, ...]:
+        return tuple(self.make_rows(*self.frequencies.sin_cos(positions, below=below)))
+
+    def host_run(self, start: int, length: int) -> tuple[tf.Tensor, ...]:
+        host = functools.cache(lambda: self._host_rows(np.arange(start, start + length)))
+        return tuple(
+            _tf.traced_constant(self, ("computed", start, length, i), lambda i=i: host()[i])
+            for i in range(len(self.ready))
         )
-        valid = True if not checks else largest < bound  # no checks: they ran now
-        # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
-        positions = tf.clip_by_value(after(checks, positions), 0, bound - 1)
-        if bound <= CACHED_POSITIONS:
-            rows = tuple(tf.gather(t.tensor(), positions) for t in self._cached_below(bound))
-        else:
-            rows = self.make_rows(*self.frequencies.sin_cos(positions, below=bound))
-        return _tf.nan_unless(rows, valid)
-
-    def slice(self, start, length, combine=as_rows):
-        """`combine(*rows)` for positions `start .. start + length - 1` (ints or int32 scalars).
-
-        `combine` is what the caller makes of the rows (`inputs + rows`, a rotation). One
-        decision: the run fits in the cached rows (a slice), it does not (rows computed
-        from the split tables), or that is known only at run time (both, chosen then).
-        While an export is traced with a bound (`_tf.positions_bounded`) the run must end
-        at or below it and only the rows below it are held: a bound within the cache
-        leaves no split tables at all.
-        """
-        bound = _tf.position_bound()
-        if bound is not None:
-            start, length, combine = self._within(bound, start, length, combine)
-            if bound <= CACHED_POSITIONS:
-                return _tf.rows_of_run(self._cached_below(bound), start, length, combine)
-        static = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
-        if static:
-            fits = start + length <= CACHED_POSITIONS
-        elif isinstance(length, (int, np.integer)) and length > CACHED_POSITIONS:
-            fits = False  # whatever the start (and XLA rejects a slice longer than the table)
-        else:
-            fits = tf.get_static_value(start <= CACHED_POSITIONS - length)
-        if fits is not None:
-            return combine(
-                *(self._cached_rows(start, length) if fits else self._computed(start, length))
-            )
-        # `start <= limit - length`, not `start + length <= limit`: the sum could wrap. A
-        # negative start takes the computed rows, which its caller poisons: a run longer
-        # than the cache has no valid slice of it.
-        return _tf.choose_at_run_time(
-            (start >= 0) & (start <= CACHED_POSITIONS - length),
-            # Clamped so that the untaken branch stays a valid slice.
-            lambda: self._cached_rows(
-                tf.clip_by_value(start, 0, CACHED_POSITIONS - length), length
-            ),
-            lambda: self._computed(start, length),
-            combine,
-            unknown=start >= 0,
-        )
-
-    @staticmethod
-    def _within(bound: int, start, length, combine):
-        """`start`, `length` and `combine` for a run that must end at or below `bound`:
-        checked now when both are known, else an assertion, and NaN rows where assertions
-        are dropped (`_tf.nan_unless`)."""
-        # `start <= bound - length`, not `start + length <= bound`: the sum could wrap.
-        checks = check(
-            lambda first, steps: first <= bound - steps,
-            [start, length],
-            lambda first, steps: (
-                f"start_index {first} + sequence length {steps} run past the last position, "
-                + _past_bound(bound)
-            ),
-        )
-        known = isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer))
-        valid = True if known else start <= bound - length
-        return after(checks, start), length, lambda *rows: combine(*_tf.nan_unless(rows, valid))
-
-    def _cached_below(self, bound: int) -> tuple[_tf.HostConstant, ...]:
-        """The cached rows below `bound` (at most `CACHED_POSITIONS`), one set per bound."""
-        if bound not in self._below:
-            self._below[bound] = tuple(_tf.HostConstant(t.array[:bound]) for t in self._cached)
-        return self._below[bound]
-
-    def _cached_rows(self, start, length) -> tuple[tf.Tensor, ...]:
-        return tuple(t.rows(start, length) for t in self._cached)
-
-    def _computed(self, start, length) -> tuple[tf.Tensor, ...]:
-        if isinstance(start, (int, np.integer)) and isinstance(length, (int, np.integer)):
-            if not tf.executing_eagerly() and 0 <= start <= MAX_POSITIONS - length:
-                # Known while tracing: exact host rows, embedded as just those rows.
-                host = functools.cache(lambda: self._host_rows(np.arange(start, start + length)))
-                return tuple(
-                    _tf.traced_constant(
-                        self, ("computed", int(start), int(length), i), lambda i=i: host()[i]
-                    )
-                    for i in range(len(self._cached))
-                )
-        bound = _tf.position_bound()
-        # Clamped into the split tables' range (or the export's bound); the caller poisons
-        # the rows of bad positions.
-        top = MAX_POSITIONS if bound is None else bound
-        positions = tf.clip_by_value(tf.range(length) + start, 0, top - 1)
-        return tuple(self.make_rows(*self.frequencies.sin_cos(positions, below=bound)))
-
-
-def _past_bound(bound: int) -> str:
-    return (
-        f"but this model was exported for positions below {bound} (max_sequence_length): "
-        "its files hold the rows below it only. Export it again with a larger "
-        "max_sequence_length, or none."
-    )
 
 
 # Tables shared by every live layer of one configuration; a table no layer holds is freed.

@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
-from keras_posenc.frequencies import as_rows
 from keras_posenc.positions import position_rows, static_dim
+from keras_posenc.rows import TableRows
 from keras_posenc.sinusoidal import SinusoidalInitializer
 
 
-class _VariableRows:
-    """Row access to a `(max_length, width)` variable, for `position_rows`."""
+class _VariableRows(TableRows):
+    """Row access to a `(max_length, width)` variable, for `position_rows`: all rows ready."""
 
     def __init__(self, table):
-        self.table = table
-
-    def slice(self, start, length, combine=as_rows):
-        return _tf.rows_of_run([tf.convert_to_tensor(self.table)], start, length, combine)
-
-    def gather(self, positions):
-        return (tf.gather(self.table, positions),)
+        super().__init__((table,))
 
 
 def _initializer(identifier):

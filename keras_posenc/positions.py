@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc._checks import after, check
-from keras_posenc.frequencies import as_rows
+from keras_posenc.rows import as_rows
 
 
 class RowTable(Protocol):
@@ -226,6 +226,14 @@ def position_rows(
         after(checks, start),
         length,
         lambda *rows: combine(*_tf.nan_unless(rows, valid)),
+    )
+
+
+def rows_of_run(table: RowTable, length, start_index, *, limit: int, limit_hint: str) -> tuple:
+    """The checked rows of positions `start_index .. start_index + length - 1`: `position_rows`
+    for a run, as one function of `(length, start_index)` (`_tf.shared_while_stored`)."""
+    return tuple(
+        position_rows(table, length, None, start_index, limit=limit, limit_hint=limit_hint)
     )
 
 

@@ -29,89 +29,20 @@ from keras_posenc._checks import (
 )
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
-from keras_posenc.frequencies import (
-    MAX_POSITIONS,
-    FrequencyTable,
-    PositionTable,
-    held_tables,
-    position_table,
-)
-from keras_posenc.positions import position_rows, static_dim
-from keras_posenc.rope_scaling import (
-    DynamicRows,
-    SwitchByLength,
-    check_shared_keys,
-    checked_scaling,
-    dynamic_turns,
-    rope_parameters,
+from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
+from keras_posenc.positions import position_rows, rows_of_run, static_dim
+from keras_posenc.rope_scaling import check_shared_keys, checked_scaling, rope_parameters
+from keras_posenc.rotary_tables import (  # noqa: F401  swap_pairs, rotation_table: re-exported
+    channel_tables,
+    rotation_rows,
+    rotation_table,
+    scaled_inverse_frequencies,
+    swap_pairs,
 )
 
 LAYOUTS = ("half", "interleaved")
 _EARLY_CHECK_DIM = 2**14
 _LIMIT_HINT = "the rotation is exact only below that."
-
-
-def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
-    # "half" pairs channel k with k + D/2: view the channels as (2, D/2), pairs along axis 0.
-    # "interleaved" pairs 2k with 2k + 1: view them as (D/2, 2), pairs along axis 1.
-    half = rotary_dim // 2
-    return ([2, half], 0) if layout == "half" else ([half, 2], 1)
-
-
-def _rotation_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`."""
-    # A non-negative stacking axis: tf2onnx resolves a negative one from the rank, which
-    # it does not know inside a conditional's branch.
-    pair_axis = sin.shape.rank - 1 if layout == "half" else sin.shape.rank
-    shape = tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0)
-    cos_table = tf.reshape(tf.stack([cos, cos], axis=pair_axis), shape)
-    sin_table = tf.reshape(tf.stack([-sin, sin], axis=pair_axis), shape)
-    return cos_table, sin_table
-
-
-def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1, form: str | None = None) -> tf.Tensor:
-    """Exchange the two channels of every rotation pair along `axis` of `x`.
-
-    `form` is how (see `keras_posenc._tf.swap_form`, the one place it is chosen); by
-    default the form chosen for `x` in the graph being traced.
-    """
-    pair_shape, pair_axis = _pair_axes(layout, x.shape[axis])
-    return _tf.swap_pairs(x, pair_shape, pair_axis, axis, form or _tf.swap_form(x))
-
-
-def rotation_table(
-    rotary_dim: int, layout: str, omega: np.ndarray, attention_factor: float = 1.0
-) -> PositionTable:
-    """The shared `PositionTable` whose rows are RoPE's `(C, S)` for frequencies `omega`."""
-    return position_table(
-        ("rotary", rotary_dim, layout, float(attention_factor), omega.tobytes()),
-        lambda: PositionTable(
-            FrequencyTable(omega, scale=attention_factor),
-            lambda sin, cos: _rotation_tables(layout, sin, cos),
-        ),
-    )
-
-
-def rotation_rows(rotary_dim: int, max_wavelength: float, layout: str, scaling: dict | None):
-    """Rows `(C, S)` for every position, with the frequencies `scaling` defines."""
-    parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
-    table = rotation_table(
-        rotary_dim, layout, parameters.inverse_frequencies, parameters.attention_factor
-    )
-    if parameters.long_inverse_frequencies is not None:
-        long = rotation_table(
-            rotary_dim, layout, parameters.long_inverse_frequencies, parameters.attention_factor
-        )
-        return SwitchByLength(table, long, parameters.switch_length)
-    if parameters.dynamic_factor is not None:
-        dynamic = DynamicRows(
-            parameters.inverse_frequencies,
-            parameters.dynamic_factor,
-            parameters.switch_length,
-            lambda sin, cos: _rotation_tables(layout, sin, cos),
-        )
-        return SwitchByLength(table, dynamic, parameters.switch_length)
-    return table
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -261,7 +192,7 @@ class RotaryEmbedding(keras.layers.Layer):
                 self.axes_dims,
                 self.mrope_section,
                 self.mrope_interleaved,
-                lambda sin, cos: _rotation_tables(self.layout, sin, cos),
+                lambda sin, cos: channel_tables(self.layout, sin, cos),
             )
             self._axes = self._table.axes
         super().build(input_shape)
@@ -331,7 +262,11 @@ class RotaryEmbedding(keras.layers.Layer):
             # function of a SavedModel serves every layer (`_tf.shared_while_stored`).
             # (Outside XLA the rotation follows the rows whatever `rows_fuse_into_rotation`.)
             run = _tf.shared_while_stored(
-                self._table, ("rows_of_run",), functools.partial(_rows_of_run, self._table)
+                self._table,
+                ("rows_of_run",),
+                functools.partial(
+                    rows_of_run, self._table, limit=MAX_POSITIONS, limit_hint=_LIMIT_HINT
+                ),
             )
             outputs = rotate(*run(length, start_index))
         elif all(_tf.rows_fuse_into_rotation(form) for form in forms):
@@ -423,23 +358,9 @@ class RotaryEmbedding(keras.layers.Layer):
         """
         if not self.built:
             raise ValueError("Call the layer (or build it) first: rotary_dim comes from the input.")
-        parameters = rope_parameters(self._rotary_dim, self.max_wavelength, self.scaling)
-        past_switch = (
-            total_length is not None
-            and parameters.switch_length is not None
-            and total_length > parameters.switch_length
+        return scaled_inverse_frequencies(
+            self._rotary_dim, self.max_wavelength, self.scaling, total_length
         )
-        if past_switch and parameters.long_inverse_frequencies is not None:
-            return parameters.long_inverse_frequencies
-        if past_switch and parameters.dynamic_factor is not None:
-            turns = dynamic_turns(
-                total_length,
-                parameters.inverse_frequencies,
-                parameters.dynamic_factor,
-                parameters.switch_length,
-            )
-            return 2 * np.pi * np.asarray(turns, dtype=np.float64)
-        return parameters.inverse_frequencies
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -461,17 +382,3 @@ class RotaryEmbedding(keras.layers.Layer):
             }
         )
         return config
-
-
-def _rows_of_run(table, length, start_index) -> tuple[tf.Tensor, ...]:
-    """The checked rows of positions `start_index .. start_index + length - 1`."""
-    return tuple(
-        position_rows(
-            table,
-            length,
-            None,
-            start_index,
-            limit=MAX_POSITIONS,
-            limit_hint=_LIMIT_HINT,
-        )
-    )

@@ -33,7 +33,9 @@ LAYOUTS = ("interleaved", "concat")
 
 def _interleave(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
     # [sin ω0, cos ω0, sin ω1, cos ω1, ...]: neighbours share a frequency.
-    pairs = tf.stack([sin, cos], axis=sin.shape.rank)  # non-negative: see _rotation_tables
+    pairs = tf.stack(
+        [sin, cos], axis=sin.shape.rank
+    )  # non-negative: see rotary_tables.channel_tables
     return tf.reshape(pairs, tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0))
 
 

@@ -45,14 +45,10 @@ def if_node(condition, output, then_nodes, then_output, else_nodes, else_output,
 
 
 def session(proto: onnx.ModelProto):
-    """An onnxruntime CPU session of `proto`, quiet."""
-    import onnxruntime as ort
+    """An onnxruntime CPU session of `proto`, quiet: the package's own (`onnx_session`)."""
+    from keras_posenc.export.verify.runtimes import onnx_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return onnx_session(proto)
 
 
 def both_runtimes(proto: onnx.ModelProto, feeds: dict, reference: bool = True) -> list:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import copy
 import functools
 
+import hand_built
 import keras
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention, export
@@ -25,12 +25,7 @@ TOLERANCE = 1e-5
 HEADS, DIM = 2, 8
 
 
-def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+_session = hand_built.session
 
 
 def _rope_model(layer_kwargs: dict, inputs: str, shape: tuple = (None, HEADS, DIM)) -> keras.Model:

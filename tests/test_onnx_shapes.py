@@ -15,7 +15,6 @@ import hand_built
 import keras
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_posenc import RotaryMultiHeadAttention, export
@@ -24,11 +23,7 @@ from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = hand_built.session(proto)
     return session.run(None, feeds)
 
 

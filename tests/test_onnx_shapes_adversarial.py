@@ -13,7 +13,6 @@ import copy
 import hand_built
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from keras_posenc.export import onnx_passes
@@ -23,11 +22,7 @@ _INT64_MAX = 2**63 - 1
 
 
 def _run(proto: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = hand_built.session(proto)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds), strict=True))
 

@@ -2,17 +2,16 @@
 
 The layers' math is plain (`inputs + rows`, `x·C + swap(x)·S`); what is here is how to make
 TensorFlow run it at the memory floor in every mode; the few private APIs the package
-touches are reached through `keras_posenc._tf.private` alone (re-exported here). The
-benchmark cases that justify each trick are named (`python -m benchmarks`, see
-docs/benchmarks.md); if a TensorFlow release makes a case fast without the trick, the
-trick can go.
+touches are reached through `keras_posenc._tf.private` alone, and what the graph being
+traced is for (XLA, an export's bound, a converter) is read from `keras_posenc._tf.tracing`
+(both re-exported here). The benchmark cases that justify each trick are named
+(`python -m benchmarks`, see docs/benchmarks.md); if a TensorFlow release makes a case fast
+without the trick, the trick can go.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -36,22 +35,18 @@ from keras_posenc._tf.private import (  # noqa: F401
     xla,
 )
 
-# --------------------------------------------------------------------------------------
-# Where the graph runs
-
-
-def in_xla_context() -> bool:
-    """Whether the graph being traced will be compiled by XLA (`jit_compile=True`)."""
-    return graph_in_xla_context()
-
-
-def xla_on_cpu() -> bool:
-    """Whether this process compiles XLA for the CPU (no GPU or TPU is visible).
-
-    The swap forms below were measured on XLA:CPU only; other devices take the default.
-    """
-    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
-
+# The graph being traced: where it runs and what it is for (see `tracing`).
+from keras_posenc._tf.tracing import (  # noqa: F401
+    assertions_dropped,
+    in_xla_context,
+    position_bound,
+    positions_bounded,
+    shared_while_stored,
+    tables_stored_once,
+    traced_constant,
+    tracing_for_a_converter,
+    xla_on_cpu,
+)
 
 # --------------------------------------------------------------------------------------
 # Constants
@@ -104,95 +99,6 @@ class HostConstant:
 
 
 # --------------------------------------------------------------------------------------
-# Host tables in exported files
-
-# What the graph being traced is for (an export, a converter): per thread, so that
-# concurrent traces keep their own.
-_tracing = threading.local()
-
-
-@contextlib.contextmanager
-def _while_tracing(name: str, value) -> Iterator[None]:
-    previous = getattr(_tracing, name, None)
-    setattr(_tracing, name, value)
-    try:
-        yield
-    finally:
-        setattr(_tracing, name, previous)
-
-
-def tables_stored_once() -> contextlib.AbstractContextManager[None]:
-    """While a SavedModel is traced: every use of a host table refers to one stored copy.
-
-    A constant made while tracing is a node of the function that uses it, and every use
-    (each layer, each branch of a run-time choice) is its own trace: a SavedModel would
-    hold one copy of a table per use. Inside, `traced_constant` makes each table once,
-    eagerly, and every trace captures that tensor, which `tf.saved_model.save` writes
-    once, as a constant the loaded functions share (loadable by `tf.saved_model.load`
-    alone). A non-trainable `tf.Variable` is stored once too, but would be a weight to
-    every tool that lists them. Only for SavedModels: a captured tensor is an unfeedable
-    ONNX input, and `save_onnx` (`dedupe_constants`) and the LiteRT converter merge copies.
-    """
-    return _while_tracing("stored", {})
-
-
-def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]) -> tf.Tensor:
-    """A constant of `array()` in the graph being traced, for `owner`'s rows named `key`.
-
-    A node of its own, or inside `tables_stored_once` one eager tensor per `(owner, key)`
-    that every trace captures.
-    """
-    stored = getattr(_tracing, "stored", None)
-    if stored is None:
-        return tf.constant(array())
-    entry = stored.get((id(owner), key))
-    if entry is None:
-        with tf.init_scope():
-            # The owner is kept with its tensor, so that its id is not reused meanwhile.
-            entry = stored[(id(owner), key)] = (owner, tf.constant(array()))
-    return entry[1]
-
-
-def shared_while_stored(owner, key: tuple, compute: Callable) -> Callable:
-    """`compute`, or inside `tables_stored_once` one `tf.function` of it per `(owner, key)`.
-
-    What every layer of a model computes alike (the rows of a run, from the length and
-    the start) is then one function of the SavedModel that each layer calls, not one copy
-    of its graph per layer. `compute` must depend on its arguments and `owner` alone.
-    """
-    stored = getattr(_tracing, "stored", None)
-    if stored is None:
-        return compute
-    entry = stored.get((id(owner), "function", key))
-    if entry is None:
-
-        def shared(*args):
-            return compute(*args)
-
-        shared.__name__ = "posenc_" + "_".join(str(part) for part in key)  # its name in the file
-        function = tf.function(shared, autograph=False)
-        entry = stored[(id(owner), "function", key)] = (owner, function)
-    return entry[1]
-
-
-def positions_bounded(bound: int | None) -> contextlib.AbstractContextManager[None]:
-    """While an export is traced for positions below `bound` only (None: no bound).
-
-    Position tables read it (`position_bound`) to hold only the rows below it, and treat
-    positions at or past it as bad: an assertion in a SavedModel, NaN rows in ONNX and
-    LiteRT. Outside, nothing is bounded.
-    """
-    return _while_tracing("bound", bound)
-
-
-def position_bound() -> int | None:
-    """The bound of the export being traced (`positions_bounded`), or None."""
-    if tf.executing_eagerly():
-        return None
-    return getattr(_tracing, "bound", None)
-
-
-# --------------------------------------------------------------------------------------
 # Rows of a table from a run-time start
 
 
@@ -235,49 +141,6 @@ def slice_rows(table: tf.Tensor, start, length) -> tf.Tensor:
     return table[start : start + length]
 
 
-def rows_of_run(tables: Sequence, start, length, combine: Callable):
-    """`combine(*rows)` of rows `start .. start + length - 1` of `tables` (tensors or
-    `HostConstant`s of one row count), for a run the caller has checked and poisons.
-
-    A run past the tables' end must still give `length` rows where assertions are
-    dropped (converters, XLA): a slice would stop at the end, and the runtime would then
-    fail on a shape instead of returning NaN. So a start is clamped into the tables where
-    the length fits them, and a length that may not fit takes `length` clamped rows in
-    place of the slice when it does not. Elsewhere the checks raise before the slice runs.
-    """
-    size = (tables[0].array if isinstance(tables[0], HostConstant) else tables[0]).shape[0]
-
-    def sliced(first):
-        return tuple(
-            t.rows(first, length) if isinstance(t, HostConstant) else slice_rows(t, first, length)
-            for t in tables
-        )
-
-    def clamped():
-        steps = tf.clip_by_value(tf.range(length) + start, 0, size - 1)
-        return tuple(
-            tf.gather(t.tensor() if isinstance(t, HostConstant) else t, steps) for t in tables
-        )
-
-    static_length = isinstance(length, (int, np.integer))
-    if isinstance(start, (int, np.integer)) and static_length:
-        return combine(*sliced(start))
-    if static_length and length > size:
-        return combine(*clamped())
-    first = start
-    if not isinstance(start, (int, np.integer)):
-        first = tf.clip_by_value(start, 0, tf.maximum(size - length, 0))
-    if static_length or not assertions_dropped():
-        return combine(*sliced(first))
-    return choose_at_run_time(
-        tf.logical_and(start >= 0, start <= size - length),
-        lambda: sliced(first),
-        clamped,
-        combine,
-        unknown=(length if isinstance(start, (int, np.integer)) else start) >= 0,
-    )
-
-
 def choose_at_run_time(
     predicate: tf.Tensor,
     if_true: Callable[[], Sequence[tf.Tensor]],
@@ -309,20 +172,6 @@ def choose_at_run_time(
 
 # --------------------------------------------------------------------------------------
 # Bad positions in graphs that cannot raise
-
-
-def tracing_for_a_converter() -> contextlib.AbstractContextManager[None]:
-    """While a graph is traced for a converter that drops assertions (tf2onnx, TFLite).
-
-    Graphs traced inside poison the rows of bad positions (`nan_unless`), as graphs
-    compiled by XLA always do. Elsewhere TensorFlow runs the assertions, which raise.
-    """
-    return _while_tracing("for_converter", True)
-
-
-def assertions_dropped() -> bool:
-    """Whether the graph being traced loses its assertions (XLA, or a converter)."""
-    return getattr(_tracing, "for_converter", False) or in_xla_context()
 
 
 def nan_unless(rows: Sequence[tf.Tensor], valid) -> tuple[tf.Tensor, ...]:

@@ -1,0 +1,62 @@
+"""Dot-product attention of rotated heads, Keras's way: the last step of the rotary attention call.
+
+`RotaryAttention.call` (`keras_posenc._rotary_attention`) projects, rotates and caches the
+heads; this attends over them with the layer's own scale, dropout, masks and softmax.
+"""
+
+from __future__ import annotations
+
+from keras import ops
+
+from keras_posenc import _tf
+
+
+def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):
+    """Dot-product attention of `(batch, steps, heads, dim)` heads, Keras's way.
+
+    Key/value heads are repeated for the query groups here, after the rotation (and
+    after the cache). Without scores or active dropout this is Keras's
+    `ops.dot_product_attention` (the backend's fused attention, flash when enabled);
+    otherwise the explicit product and the base layer's masked softmax. `layer` is the
+    `RotaryAttention` calling (its head counts, scale and dropout, and its Keras base's
+    parts); returns `(output, scores or None)`.
+    """
+    query_heads, kv_heads, _, _ = layer._head_counts()
+    if query_heads != kv_heads:
+        key = ops.repeat(key, query_heads // kv_heads, axis=2)
+        value = ops.repeat(value, query_heads // kv_heads, axis=2)
+    flash_attention = _tf.attention_part(layer, "flash_attention")
+    if flash_attention and return_scores:
+        raise ValueError(
+            "Returning attention scores is not supported when flash attention is "
+            "enabled. Please disable flash attention to access attention scores."
+        )
+    dropout = layer.dropout > 0.0 and bool(training)
+    if not (return_scores or dropout):
+        if causal_only:
+            # What `is_causal=True` makes on the TensorFlow backend (no kernel of its
+            # own there), but with built-in LiteRT ops: the backend's `mask[None, None]`
+            # is a StridedSlice with new axes that LiteRT runs only as a Flex op.
+            steps = ops.arange(ops.shape(query)[1])
+            mask = ops.expand_dims(steps, 1) >= ops.expand_dims(ops.arange(ops.shape(key)[1]), 0)
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+            while len(mask.shape) < 4:
+                mask = ops.expand_dims(mask, axis=-3)  # the heads' axis
+        output = ops.dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            scale=layer._scale(),
+            flash_attention=flash_attention,
+        )
+        return output, None
+    if causal_only:
+        mask = _tf.causal_mask(layer, query, value)
+    query = ops.multiply(query, ops.cast(layer._scale(), query.dtype))
+    scores = ops.einsum("btnh,bsnh->bnts", query, key)
+    scores = _tf.masked_softmax(layer, scores, mask)
+    dropout_layer = _tf.attention_part(layer, "dropout_layer")
+    dropped = dropout_layer(scores, training=training) if dropout else scores
+    return ops.einsum("bnts,bsnh->btnh", dropped, value), scores

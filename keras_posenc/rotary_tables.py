@@ -1,0 +1,108 @@
+"""RoPE's rows: the tables `(C, S)` per channel, the channel swap, the frequencies of a scaling.
+
+`RotaryEmbedding` computes `y = x·C + swap(x)·S` (`keras_posenc.rotary`); this module makes
+what it multiplies with. `C = cos` and `S = ∓sin` (minus on a pair's first channel) per
+channel come ready from the shared frequency table; a scaling that switches frequencies
+by the total length (`longrope`, `dynamic`) gets a `SwitchByLength` between two sources
+of rows (`keras_posenc.rope_scaling` defines the frequencies themselves).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc import _tf
+from keras_posenc.frequencies import FrequencyTable, PositionTable, position_table
+from keras_posenc.rope_scaling import DynamicRows, SwitchByLength, dynamic_turns, rope_parameters
+
+
+def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
+    # "half" pairs channel k with k + D/2: view the channels as (2, D/2), pairs along axis 0.
+    # "interleaved" pairs 2k with 2k + 1: view them as (D/2, 2), pairs along axis 1.
+    half = rotary_dim // 2
+    return ([2, half], 0) if layout == "half" else ([half, 2], 1)
+
+
+def channel_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`."""
+    # A non-negative stacking axis: tf2onnx resolves a negative one from the rank, which
+    # it does not know inside a conditional's branch.
+    pair_axis = sin.shape.rank - 1 if layout == "half" else sin.shape.rank
+    shape = tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0)
+    cos_table = tf.reshape(tf.stack([cos, cos], axis=pair_axis), shape)
+    sin_table = tf.reshape(tf.stack([-sin, sin], axis=pair_axis), shape)
+    return cos_table, sin_table
+
+
+def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1, form: str | None = None) -> tf.Tensor:
+    """Exchange the two channels of every rotation pair along `axis` of `x`.
+
+    `form` is how (see `keras_posenc._tf.swap_form`, the one place it is chosen); by
+    default the form chosen for `x` in the graph being traced.
+    """
+    pair_shape, pair_axis = _pair_axes(layout, x.shape[axis])
+    return _tf.swap_pairs(x, pair_shape, pair_axis, axis, form or _tf.swap_form(x))
+
+
+def rotation_table(
+    rotary_dim: int, layout: str, omega: np.ndarray, attention_factor: float = 1.0
+) -> PositionTable:
+    """The shared `PositionTable` whose rows are RoPE's `(C, S)` for frequencies `omega`."""
+    return position_table(
+        ("rotary", rotary_dim, layout, float(attention_factor), omega.tobytes()),
+        lambda: PositionTable(
+            FrequencyTable(omega, scale=attention_factor),
+            lambda sin, cos: channel_tables(layout, sin, cos),
+        ),
+    )
+
+
+def rotation_rows(rotary_dim: int, max_wavelength: float, layout: str, scaling: dict | None):
+    """Rows `(C, S)` for every position, with the frequencies `scaling` defines."""
+    parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
+    table = rotation_table(
+        rotary_dim, layout, parameters.inverse_frequencies, parameters.attention_factor
+    )
+    if parameters.long_inverse_frequencies is not None:
+        long = rotation_table(
+            rotary_dim, layout, parameters.long_inverse_frequencies, parameters.attention_factor
+        )
+        return SwitchByLength(table, long, parameters.switch_length)
+    if parameters.dynamic_factor is not None:
+        dynamic = DynamicRows(
+            parameters.inverse_frequencies,
+            parameters.dynamic_factor,
+            parameters.switch_length,
+            lambda sin, cos: channel_tables(layout, sin, cos),
+        )
+        return SwitchByLength(table, dynamic, parameters.switch_length)
+    return table
+
+
+def scaled_inverse_frequencies(
+    rotary_dim: int, max_wavelength: float, scaling: dict | None, total_length: int | None
+) -> np.ndarray:
+    """The `ω` of `rotary_dim` channels under `scaling` when the total length is `total_length`.
+
+    See `RotaryEmbedding.inverse_frequencies`: float64 where the frequencies are made on
+    the host; for dynamic scaling past `max_position_embeddings`, the float32 values made
+    in the graph.
+    """
+    parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
+    past_switch = (
+        total_length is not None
+        and parameters.switch_length is not None
+        and total_length > parameters.switch_length
+    )
+    if past_switch and parameters.long_inverse_frequencies is not None:
+        return parameters.long_inverse_frequencies
+    if past_switch and parameters.dynamic_factor is not None:
+        turns = dynamic_turns(
+            total_length,
+            parameters.inverse_frequencies,
+            parameters.dynamic_factor,
+            parameters.switch_length,
+        )
+        return 2 * np.pi * np.asarray(turns, dtype=np.float64)
+    return parameters.inverse_frequencies
