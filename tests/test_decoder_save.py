@@ -77,12 +77,14 @@ def test_save_decoder_writes_a_verified_genai_folder(tmp_path):
     model = step_model()
     report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
     files = {path.name for path in (tmp_path / "out").iterdir()}
-    assert {"model.onnx", "genai_config.json", "verification.json"} <= files
+    assert {"model.onnx", "genai_config.json", "model.tflite", "verification.json"} <= files
     assert report["passed"] and [c["batch"] for c in report["cases"]] == [1, 4]
+    assert report["formats"] == ["onnx", "litert"]
     for case in report["cases"]:
         assert case["steps"] == 64
-        result = case["runtimes"]["onnxruntime"]
-        assert result["same_tokens"] and result["max_abs_error"] < check.ATOL
+        for runtime in ("onnxruntime", "litert"):
+            result = case["runtimes"][runtime]
+            assert result["same_tokens"] and result["max_abs_error"] < check.ATOL, runtime
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert (decoder["num_hidden_layers"], decoder["num_key_value_heads"]) == (2, 2)
