@@ -4,8 +4,9 @@ Two Llama-style sizes (width 256, 4 layers, 8 query / 2 key-value heads of 32, a
 512, 8 layers, heads of 64; SwiGLU, vocabulary 1024, cache 1024), batch 1 and 4, one
 token per row at positions ~100 and ~900. `save_decoder`'s graph (`keras_posenc`), its
 standard-op graph (`standard`: `attention="standard"`) and the reference graph of
-`gqa_reference.py`, made from the same weights, run in one process, interleaved in a random order per round, `intra_op_num_threads=1`, each through
-IOBinding with one buffer per layer bound as past and present.
+`gqa_reference.py`, made from the same weights, run in one process, interleaved in a
+random order per round, `intra_op_num_threads=1`, each through IOBinding with one buffer
+per layer bound as past and present.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_gr
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
+from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
 FORMATS = ("onnx", "litert")
@@ -39,6 +40,7 @@ def save_decoder(
     max_length: int,
     attention: str = "gqa",
     formats: tuple[str, ...] = FORMATS,
+    bfloat16: str = "float32",
     verify: bool = True,
     bos_token_id: int = 0,
     eos_token_id: int | list[int] | None = None,
@@ -73,6 +75,8 @@ def save_decoder(
         formats: the files to write and verify: `"onnx"` (`model.onnx` and
             `genai_config.json`), `"litert"` (`model.tflite`; about 2 s to convert a
             small model, so on by default).
+        bfloat16: what to do with a bfloat16 model (the files are float32): `"float32"`
+            exports and verifies a float32 copy (with a warning), `"error"` refuses.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
 
@@ -91,6 +95,7 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    model, _ = exportable_model(model, bfloat16)
     decoder = describe_decoder(model, max_length)
     files = {}
     if "onnx" in formats:
