@@ -25,8 +25,10 @@ from __future__ import annotations
 import tempfile
 
 import numpy as np
+import tensorflow as tf
 
-from keras_posenc.export.decoder.description import Decoder, Mlp, Norm
+from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
+from keras_posenc.export.decoder.description import Attention, Decoder, Mlp, Norm
 from keras_posenc.export.errors import ExportError
 
 SIGNATURES = ("prefill", "decode")
@@ -38,28 +40,45 @@ def cache_names(num_layers: int) -> list[str]:
     return [f"kv_cache_{kind}_{i}" for i in range(num_layers) for kind in ("k", "v")]
 
 
-def _module(decoder: Decoder):
-    """A `tf.Module` with the `prefill` and `decode` functions of `decoder`."""
-    import tensorflow as tf
+class DecoderModule(tf.Module):
+    """The `prefill` and `decode` functions of a `Decoder` (see the module docstring)."""
 
-    from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
+    def __init__(self, decoder: Decoder):
+        super().__init__(name="decoder")
+        self.decoder = decoder
+        first = decoder.attention
+        self.kv_heads, self.head_dim, self.slots = (
+            first.kv_num_heads,
+            first.head_dim,
+            decoder.max_length,
+        )
+        self.prefill = tf.function(self._step, input_signature=self._specs(None), autograph=False)
+        self.decode = tf.function(self._step, input_signature=self._specs(1), autograph=False)
 
-    rope, first = decoder.rope, decoder.attention
-    kv_heads, head_dim, slots = first.kv_num_heads, first.head_dim, decoder.max_length
-    cos, sin = tf.constant(rope.cos), tf.constant(rope.sin)
-    embedding = tf.constant(decoder.embedding)
-    head = tf.constant(decoder.head)
-    head_bias = None if decoder.head_bias is None else tf.constant(decoder.head_bias)
+    def _specs(self, sequence: int | None) -> list[tf.TensorSpec]:
+        cache = [None, self.kv_heads, self.slots, self.head_dim]
+        return [
+            tf.TensorSpec([None, sequence], tf.int32, name="tokens"),
+            tf.TensorSpec([sequence], tf.int32, name="input_pos"),
+            tf.TensorSpec([None, 1, sequence, self.slots], tf.float32, name="mask"),
+            *[
+                tf.TensorSpec(cache, tf.float32, name=name)
+                for name in cache_names(self.decoder.num_layers)
+            ],
+        ]
 
-    def norm(x, n: Norm):
+    @staticmethod
+    def _norm(x, norm: Norm):
         variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
-        return x * tf.math.rsqrt(variance + n.epsilon) * n.scale
+        return x * tf.math.rsqrt(variance + norm.epsilon) * norm.scale
 
-    def rotate(x, cos_rows, sin_rows):
+    def _rotate(self, x, cos_rows, sin_rows):
         """RoPE on the first `rotary_dim` channels of `x` `(batch, seq, heads, dim)`."""
+        rope = self.decoder.rope
         half = rope.rotary_dim // 2
         rotary, rest = x[..., : 2 * half], x[..., 2 * half :]
-        c, s = tf.expand_dims(cos_rows, 2), tf.expand_dims(sin_rows, 2)  # no new-axis slices: Flex
+        # expand_dims, not `[:, :, None]`: a new-axis slice is a Flex op in LiteRT.
+        c, s = tf.expand_dims(cos_rows, 2), tf.expand_dims(sin_rows, 2)
         if rope.interleaved:
             pairs = tf.reshape(rotary, tf.concat([tf.shape(rotary)[:-1], [half, 2]], 0))
             even, odd = pairs[..., 0], pairs[..., 1]
@@ -68,83 +87,66 @@ def _module(decoder: Decoder):
         else:
             a, b = rotary[..., :half], rotary[..., half:]
             rotated = tf.concat([a * c - b * s, b * c + a * s], -1)
-        return tf.concat([rotated, rest], -1) if head_dim > 2 * half else rotated
+        return tf.concat([rotated, rest], -1) if self.head_dim > 2 * half else rotated
 
-    def mlp(h, m: Mlp):
-        up = tf.matmul(h, m.up)
-        if m.kind == "swiglu":
-            gate = tf.matmul(h, m.gate)
+    @staticmethod
+    def _mlp(h, mlp: Mlp):
+        up = tf.matmul(h, mlp.up)
+        if mlp.kind == "swiglu":
+            gate = tf.matmul(h, mlp.gate)
             hidden = gate * tf.sigmoid(gate) * up
         else:
             hidden = tf.nn.gelu(up, approximate=False)
-        return tf.matmul(hidden, m.down)
+        return tf.matmul(hidden, mlp.down)
 
-    def attention(h, a, key_cache, value_cache, start, attended, cos_rows, sin_rows):
+    def _attention(self, h, a: Attention, caches, start, attended, rows):
+        """One layer: `(output, key_cache, value_cache)`, the caches written at `start`."""
         batch, steps = tf.shape(h)[0], tf.shape(h)[1]
-        groups = a.num_heads // a.kv_num_heads
+        kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
         q = tf.reshape(tf.matmul(h, a.query), [batch, steps, a.num_heads, head_dim])
         k = tf.reshape(tf.matmul(h, a.key), [batch, steps, kv_heads, head_dim])
         v = tf.reshape(tf.matmul(h, a.value), [batch, steps, kv_heads, head_dim])
-        q, k = rotate(q, cos_rows, sin_rows), rotate(k, cos_rows, sin_rows)
+        q, k = self._rotate(q, *rows), self._rotate(k, *rows)
         at = tf.stack([0, 0, start, 0])
-        key_cache = xla.dynamic_update_slice(key_cache, tf.transpose(k, [0, 2, 1, 3]), at)
-        value_cache = xla.dynamic_update_slice(value_cache, tf.transpose(v, [0, 2, 1, 3]), at)
+        key_cache, value_cache = (
+            xla.dynamic_update_slice(cache, tf.transpose(new, [0, 2, 1, 3]), at)
+            for cache, new in zip(caches, (k, v), strict=True)
+        )
         # Query head h reads key/value head h // groups: (batch, kv, groups * steps, dim).
         q = tf.reshape(tf.transpose(q, [0, 2, 1, 3]), [batch, kv_heads, groups * steps, head_dim])
         scores = tf.matmul(q * a.scale, key_cache, transpose_b=True)
-        scores = tf.reshape(scores, [batch, kv_heads, groups, steps, slots])
+        scores = tf.reshape(scores, [batch, kv_heads, groups, steps, self.slots])
         scores = tf.where(tf.expand_dims(attended, 1), scores, _MASKED)
-        weights = tf.reshape(tf.nn.softmax(scores), [batch, kv_heads, groups * steps, slots])
+        weights = tf.reshape(tf.nn.softmax(scores), [batch, kv_heads, groups * steps, self.slots])
         out = tf.reshape(tf.matmul(weights, value_cache), [batch, a.num_heads, steps, head_dim])
         out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [batch, steps, a.num_heads * head_dim])
         return tf.matmul(out, a.output), key_cache, value_cache
 
-    def step(tokens, input_pos, mask, *caches):
+    def _step(self, tokens, input_pos, mask, *caches):
+        decoder = self.decoder
         attended = mask >= 0  # (batch, 1, seq, slots)
         positions = tf.reduce_sum(tf.cast(attended, tf.int32), [1, 3]) - 1  # (batch, seq)
         positions = tf.maximum(positions, 0)  # a padding query (no slot): any row
-        cos_rows, sin_rows = tf.gather(cos, positions), tf.gather(sin, positions)
-        x = tf.gather(embedding, tokens)
-        start = input_pos[0]
+        rows = (tf.gather(decoder.rope.cos, positions), tf.gather(decoder.rope.sin, positions))
+        x = tf.gather(decoder.embedding, tokens)
         updated = []
         for i, block in enumerate(decoder.blocks):
-            attended_out, key_cache, value_cache = attention(
-                norm(x, block.attention_norm),
+            attended_out, key_cache, value_cache = self._attention(
+                self._norm(x, block.attention_norm),
                 block.attention,
-                caches[2 * i],
-                caches[2 * i + 1],
-                start,
+                caches[2 * i : 2 * i + 2],
+                input_pos[0],
                 attended,
-                cos_rows,
-                sin_rows,
+                rows,
             )
             updated += [key_cache, value_cache]
             x = x + attended_out
-            x = x + mlp(norm(x, block.mlp_norm), block.mlp)
-        logits = tf.matmul(norm(x, decoder.final_norm), head)
-        if head_bias is not None:
-            logits = logits + head_bias
-        return {
-            "logits": logits,
-            **dict(zip(cache_names(decoder.num_layers), updated, strict=True)),
-        }
-
-    def specs(sequence):
-        cache = tf.TensorSpec([None, kv_heads, slots, head_dim], tf.float32)
-        return [
-            tf.TensorSpec([None, sequence], tf.int32, name="tokens"),
-            tf.TensorSpec([sequence], tf.int32, name="input_pos"),
-            tf.TensorSpec([None, 1, sequence, slots], tf.float32, name="mask"),
-            *[
-                tf.TensorSpec(cache.shape, cache.dtype, name=name)
-                for name in cache_names(decoder.num_layers)
-            ],
-        ]
-
-    module = tf.Module()
-    module.prefill = tf.function(step, input_signature=specs(None), autograph=False)
-    module.decode = tf.function(step, input_signature=specs(1), autograph=False)
-    return module
+            x = x + self._mlp(self._norm(x, block.mlp_norm), block.mlp)
+        logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
+        if decoder.head_bias is not None:
+            logits = logits + decoder.head_bias
+        names = cache_names(decoder.num_layers)
+        return {"logits": logits, **dict(zip(names, updated, strict=True))}
 
 
 def decoder_litert(decoder: Decoder) -> bytes:
@@ -153,8 +155,6 @@ def decoder_litert(decoder: Decoder) -> bytes:
     Raises:
         ExportError: the converter failed, or the file would need a Flex op.
     """
-    import tensorflow as tf
-
     from keras_posenc.export.litert import litert_ops
     from keras_posenc.export.quiet import converter_output
 
@@ -162,7 +162,7 @@ def decoder_litert(decoder: Decoder) -> bytes:
         converter_output("tensorflow", "absl"),
         tempfile.TemporaryDirectory(prefix="keras_posenc_decoder_") as folder,
     ):
-        module = _module(decoder)
+        module = DecoderModule(decoder)
         signatures = {name: getattr(module, name).get_concrete_function() for name in SIGNATURES}
         tf.saved_model.save(module, folder, signatures=signatures)
         converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=SIGNATURES)
