@@ -72,3 +72,14 @@ def test_save_decoder_standard_serves_head_dims_gqa_refuses(tmp_path):
         True,
         True,
     ]
+
+
+def test_standard_serves_a_cache_buffer_shorter_than_the_export():
+    """onnxruntime-genai sizes the shared buffer by its search's max_length, not the file's."""
+    model = step_model()
+    session = _session(decoder_onnx(describe_decoder(model, MAX_LENGTH), "standard"))
+    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
+    prompts, mask, steps = case["prompts"], case["mask"], 12
+    got = onnx_greedy(session, prompts, mask, steps, 24)  # 8 + 12 tokens in 24 slots
+    result = check.compare_greedy(reference_greedy(model, prompts, mask, steps), got, mask)
+    assert result["passed"], result

@@ -39,7 +39,10 @@ class StandardAttention:
 
     def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
         """Write indices, positions and the boolean attention mask; returns the ids."""
-        i64, slots = np.int64, self.decoder.max_length
+        i64 = np.int64
+        # The cache's slots: the bound buffer's (onnxruntime-genai sizes it by the search's
+        # max_length, which may be below the export's).
+        slots = g.node("Shape", ["past_key_values.0.key"], start=2, end=3)  # (1,)
         batch = g.node("Shape", [input_ids], start=0, end=1)  # (1,)
         length = g.node("Shape", [input_ids], start=1, end=2)
         total = g.node("Shape", [attention_mask], start=1, end=2)
@@ -56,7 +59,7 @@ class StandardAttention:
         # (B, 1, S, slots): slot s real and s <= past + j, or s the query's own slot.
         pads = g.node(
             "Concat",
-            [g.constant([0, 0, 0], i64), g.node("Sub", [g.constant([slots], i64), total])],
+            [g.constant([0, 0, 0], i64), g.node("Sub", [slots, total])],
             axis=0,
         )
         real = g.node("Cast", [g.node("Pad", [attention_mask, pads])], to=9)  # bool (B, slots)
@@ -70,7 +73,11 @@ class StandardAttention:
             ],
         )
         own = g.node("Unsqueeze", [g.node("Add", [steps, past]), g.constant([1], i64)])  # (S, 1)
-        columns = g.constant(np.arange(slots)[None], i64)  # (1, slots)
+        end = g.node("Squeeze", [slots, g.constant([0], i64)])
+        columns = g.node(
+            "Unsqueeze",
+            [g.node("Range", [g.constant(0, i64), end, g.constant(1, i64)]), g.constant([0], i64)],
+        )  # (1, slots)
         causal = g.node("LessOrEqual", [columns, own])  # (S, slots)
         visible = g.node("Or", [g.node("And", [real, causal]), g.node("Equal", [columns, own])])
         groups = self.decoder.attention.num_heads // self.decoder.attention.kv_num_heads
