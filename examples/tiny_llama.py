@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        report = save_decoder(step_model, folder / "decoder", max_length=size.max_length)
+        report = save_decoder(
+            step_model, folder / "decoder", max_length=size.max_length, formats=("onnx", "litert")
+        )
         np.savez(
             folder / "arrays.npz",
             prompts=prompts,

@@ -95,7 +95,9 @@ def test_a_wrong_litert_file_fails_verification(tmp_path, monkeypatch):
 
     monkeypatch.setattr(save, "decoder_litert", perturbed)
     with pytest.raises(VerificationError, match=r"litert, batch 1: .*step \d+"):
-        save_decoder(step_model(), tmp_path / "out", max_length=MAX_LENGTH)
+        save_decoder(
+            step_model(), tmp_path / "out", max_length=MAX_LENGTH, formats=("onnx", "litert")
+        )
     report = json.loads(save.failed_report_path(tmp_path / "out").read_text())
     assert [case["runtimes"]["onnxruntime"]["passed"] for case in report["cases"]] == [True, True]
 

@@ -75,7 +75,8 @@ def test_reference_tells_wrong_positions_apart(tmp_path, monkeypatch):
 
 def test_save_decoder_writes_a_verified_genai_folder(tmp_path):
     model = step_model()
-    report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+    formats = ("onnx", "litert")
+    report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     files = {path.name for path in (tmp_path / "out").iterdir()}
     assert {"model.onnx", "genai_config.json", "model.tflite", "verification.json"} <= files
     assert report["passed"] and [c["batch"] for c in report["cases"]] == [1, 4]
