@@ -5,12 +5,15 @@
 """
 
 import importlib.util
+import sys
 from pathlib import Path
 
 # The tests' float64 references, loaded by path: an installed package named `tests`
-# (tf2onnx ships one) would shadow the repository's folder on import.
-_spec = importlib.util.spec_from_file_location(
-    "benchmarks.reference", Path(__file__).resolve().parent.parent / "tests" / "reference.py"
-)
+# (tf2onnx ships one) would shadow the repository's folder on import. `reference.py`
+# imports its sibling `float32_error` as pytest makes it importable: from the folder.
+_TESTS = Path(__file__).resolve().parent.parent / "tests"
+if str(_TESTS) not in sys.path:
+    sys.path.append(str(_TESTS))
+_spec = importlib.util.spec_from_file_location("benchmarks.reference", _TESTS / "reference.py")
 reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference)

@@ -256,12 +256,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed (64)")
     parser.add_argument(
         "--part",
-        choices=("all", "floor", "xla"),
+        choices=("all", "floor", "litert", "xla"),
         default="all",
-        help="floor: the exported step against the genai-style GQA graph (decode_floor.py); "
-        "xla: the Keras XLA step against keras_hub",
+        help="floor: the exported step (GQA and standard-op graphs) against the genai-style "
+        "GQA graph (decode_floor.py); litert: the LiteRT step against the Keras XLA step, and "
+        "that against the GQA graph (decode_litert.py); xla: the Keras XLA step against "
+        "keras_hub",
     )
-    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds (floor)")
+    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds (floor, litert)")
     args = parser.parse_args(argv)
     results = {}
     if args.part in ("all", "floor"):
@@ -270,6 +272,13 @@ def main(argv: list[str] | None = None) -> dict:
         print("\nonnxruntime, ms per step (median), one thread, shared cache buffers:")
         results["floor"] = decode_floor.main(args.rounds)
         if args.part == "floor":
+            return results
+    if args.part in ("all", "litert"):
+        from benchmarks import decode_litert
+
+        print("\nLiteRT, Keras XLA and the GQA graph, ms per step (median), one thread:")
+        results["litert"] = decode_litert.main(args.rounds)
+        if args.part == "litert":
             return results
     for batch in (1, 8):
         results[f"generation_{batch}"] = generation(args.steps, batch)

@@ -2,10 +2,11 @@
 
 Two Llama-style sizes (width 256, 4 layers, 8 query / 2 key-value heads of 32, and width
 512, 8 layers, heads of 64; SwiGLU, vocabulary 1024, cache 1024), batch 1 and 4, one
-token per row at positions ~100 and ~900. `save_decoder`'s graph (`keras_posenc`) and
-the reference graph of `gqa_reference.py`, made from the same weights, run in one
-process, interleaved in a random order per round, `intra_op_num_threads=1`, each through
-IOBinding with one buffer per layer bound as past and present.
+token per row at positions ~100 and ~900. `save_decoder`'s graph (`keras_posenc`), its
+standard-op graph (`standard`: `attention="standard"`) and the reference graph of
+`gqa_reference.py`, made from the same weights, run in one process, interleaved in a
+random order per round, `intra_op_num_threads=1`, each through IOBinding with one buffer
+per layer bound as past and present.
 """
 
 from __future__ import annotations
@@ -96,9 +97,13 @@ def compare(name: str, batch: int, position: int, sessions: dict, kv_shape, roun
         for kind in rng.sample(list(bound), len(bound)):
             times[kind].append(bound[kind]())
     medians = {kind: 1000 * statistics.median(t) for kind, t in times.items()}
-    ours, theirs = (bound[kind].logits.numpy() for kind in ("keras_posenc", "reference"))
-    difference = float(np.abs(ours - theirs).max())
-    return {"size": name, "batch": batch, "position": position, **medians, "max_diff": difference}
+    theirs = bound["reference"].logits.numpy()
+    differences = {
+        f"{kind}_diff": float(np.abs(bound[kind].logits.numpy() - theirs).max())
+        for kind in bound
+        if kind != "reference"
+    }
+    return {"size": name, "batch": batch, "position": position, **medians, **differences}
 
 
 def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
@@ -115,23 +120,28 @@ def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
         sessions = {
             "keras_posenc": _session(decoder_onnx(describe_decoder(model, MAX_LENGTH))),
             "reference": _session(reference_graph(model, MAX_LENGTH)),
+            "standard": _session(decoder_onnx(describe_decoder(model, MAX_LENGTH), "standard")),
         }
         kv_shape = (KV_HEADS, MAX_LENGTH, size["head_dim"])
         for batch in (1, 4):
             for position in (100, 900):
                 rows.append(compare(name, batch, position, sessions, kv_shape, rounds))
                 row = rows[-1]
+                ours, gqa, standard = (row[k] for k in ("keras_posenc", "reference", "standard"))
                 print(
-                    f"| {name} | {batch} | {position} | {row['keras_posenc']:.3f} | "
-                    f"{row['reference']:.3f} | {row['keras_posenc'] / row['reference']:.3f} | "
-                    f"{row['max_diff']:.1e} |",
+                    f"| {name} | {batch} | {position} | {ours:.3f} | {gqa:.3f} | "
+                    f"{ours / gqa:.3f} | {row['keras_posenc_diff']:.1e} | {standard:.3f} | "
+                    f"{standard / gqa:.2f} | {row['standard_diff']:.1e} |",
                     flush=True,
                 )
     return rows
 
 
 def main(rounds: int = 40) -> list[dict]:
-    columns = "keras_posenc (ms) | reference GQA (ms) | ratio | max logit diff"
+    columns = (
+        "keras_posenc (ms) | reference GQA (ms) | ratio | max logit diff | "
+        "standard (ms) | standard / GQA | its max logit diff"
+    )
     print(f"| size | batch | position | {columns} |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- " * 10 + "|")
     return run(rounds)

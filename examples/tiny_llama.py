@@ -1,18 +1,20 @@
-"""A tiny Llama-style decoder: trained, then generating greedily with a KV cache in Keras and ONNX.
+"""A tiny Llama-style decoder: trained, then generating greedily with a KV cache, Keras and ONNX.
 
-The decoder is made of Keras layers and the package's `RotaryGroupQueryAttention`:
-token embedding, then per block RMSNormalization, grouped-query attention with RoPE
-(llama3 scaling) and a key/value cache, RMSNormalization and a SwiGLU MLP, then a final
-norm and the logits. It trains for a few seconds on a made-up task (continue a periodic
-sequence: the next token is the one a period back, which takes relative positions).
+The decoder is `keras_posenc.DecoderBlock`s (RMSNormalization, grouped-query attention
+with RoPE (llama3 scaling) and a key/value cache, RMSNormalization, SwiGLU MLP) between a
+token embedding and a final norm and head, made by `keras_posenc.decoder_models`. It
+trains for a few seconds on a made-up task (continue a periodic sequence: the next token
+is the one a period back, which takes relative positions).
 
-Generation feeds one token per call to one decode step, the prompt included, with a cache
-of fixed size `(batch, layers, 2, max_length, kv_heads, head_dim)`: under
-`jit_compile=True` that is one XLA compilation for the whole generation. The step is
-exported to ONNX, and a child process that imports onnxruntime and numpy only (never
-TensorFlow) runs the same greedy loop, feeding the cache back. The prompts are a
-left-padded batch; positions come from the padding mask, so each row generates as it
-would alone.
+Keras generates through one decode step under `jit_compile=True`, one token per call,
+the prompt included, with a cache of fixed size `(batch, layers, 2, max_length, kv_heads,
+head_dim)`: one XLA compilation for the whole generation. `save_decoder` writes the step
+as onnxruntime-genai's folder (`model.onnx` with `GroupQueryAttention`,
+`genai_config.json`) and a LiteRT file, each verified against Keras before it is kept;
+then a child process that imports onnxruntime and numpy only (never TensorFlow) runs the
+same greedy loop on `model.onnx` the way onnxruntime-genai does: the left-padded prompt in
+one call, then one token per call, one cache buffer per layer bound as past and present.
+Where onnxruntime-genai is installed, its `og.Generator` generates each prompt too.
 
 Run it:
 
@@ -58,7 +60,17 @@ class Size:
         return self.width // self.query_heads
 
 
-TINY = Size(width=32, ffn=64, max_length=24, train_steps=20, train_length=12, new_tokens=12)
+# Heads of 16: onnxruntime's GroupQueryAttention rotates head sizes in multiples of 16.
+TINY = Size(
+    width=32,
+    query_heads=2,
+    kv_heads=1,
+    ffn=64,
+    max_length=24,
+    train_steps=20,
+    train_length=12,
+    new_tokens=12,
+)
 FULL = Size()
 LLAMA3 = {
     "rope_type": "llama3",
@@ -119,22 +131,68 @@ def greedy(step, prompts: np.ndarray, mask: np.ndarray, size: Size, cache: np.nd
 # onnxruntime and numpy only: the child process.
 
 
-def onnx_generation(model_path: Path, arrays: Path, out: Path) -> None:
+def onnx_generation(folder: Path, arrays: Path, out: Path) -> None:
+    """Greedy generation through `folder/model.onnx` (onnxruntime-genai's interface)."""
     import onnxruntime
 
     data = np.load(arrays)
     size = Size(**json.loads(str(data["size"])))
-    session = onnxruntime.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-
-    def step(ids, cache, index, padding):
-        feeds = {"token_ids": ids, "cache": cache, "cache_update_index": index}
-        feeds["padding_mask"] = padding
-        return session.run(["logits", "next_cache"], feeds)
-
-    cache = np.zeros(data["cache_shape"], np.float32)
-    tokens, logits, seconds = greedy(step, data["prompts"], data["mask"], size, cache)
+    prompts, mask = data["prompts"].astype(np.int64), data["mask"].astype(np.int64)
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    # One buffer per cache tensor, bound as both past and present: written in place.
+    binding = session.io_binding()
+    binding.bind_output("logits")  # first: `get_outputs()[0]`
+    for value in session.get_inputs()[2:]:
+        shape = (len(prompts), value.shape[1], size.max_length, value.shape[3])
+        buffer = onnxruntime.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+        binding.bind_ortvalue_input(value.name, buffer)
+        binding.bind_ortvalue_output(value.name.replace("past_key_values", "present"), buffer)
+    ids, attention, tokens, logits, seconds = prompts, mask, [], [], []
+    for _ in range(size.new_tokens):
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention))
+        binding.bind_output("logits")
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        seconds.append(time.perf_counter() - start)
+        last = binding.get_outputs()[0].numpy()[:, -1]
+        logits.append(last)
+        tokens.append(np.argmax(last, axis=-1).astype(np.int32))
+        ids = tokens[-1][:, None].astype(np.int64)
+        attention = np.concatenate([attention, np.ones((len(ids), 1), np.int64)], axis=1)
     loaded = sorted(m for m in ("tensorflow", "keras", "keras_posenc") if m in sys.modules)
-    np.savez(out, tokens=tokens, logits=logits, seconds=seconds, loaded=json.dumps(loaded))
+    np.savez(
+        out,
+        tokens=np.stack(tokens, 1),
+        logits=np.stack(logits, 1),
+        seconds=statistics.median(seconds[1:]),
+        loaded=json.dumps(loaded),
+    )
+
+
+def genai_generation(folder: Path, prompts: np.ndarray, mask: np.ndarray, count: int):
+    """Each prompt (its real tokens) through onnxruntime-genai's `og.Generator`, or None
+    where onnxruntime-genai is not installed."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return None
+    model = og.Model(str(folder))
+    rows = []
+    for prompt, real in zip(prompts, mask, strict=True):
+        tokens = prompt[real.astype(bool)]
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(tokens) + count, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(tokens.astype(np.int32)[None])
+        new = []
+        while not generator.is_done() and len(new) < count:
+            generator.generate_next_token()
+            new.append(int(generator.get_next_tokens()[0]))
+        rows.append(new)
+    return np.array(rows, np.int32)
 
 
 # --------------------------------------------------------------------------------------
@@ -142,7 +200,7 @@ def onnx_generation(model_path: Path, arrays: Path, out: Path) -> None:
 
 
 def build_decoder(size: Size):
-    """`(training model, decode step model)`, sharing their layers.
+    """`(training model, decode step model)` of one stack of `DecoderBlock`s.
 
     The training model maps `(batch, sequence)` token ids to logits with a causal mask;
     the step model takes `token_ids`, `cache`, `cache_update_index` and `padding_mask` and
@@ -151,72 +209,28 @@ def build_decoder(size: Size):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
 
-    from keras_posenc import RotaryGroupQueryAttention
+    from keras_posenc import DecoderBlock, decoder_models
 
-    layers = keras.layers
-    embed = layers.Embedding(size.vocabulary, size.width, name="embed")
-    blocks = []
-    for i in range(size.layers):
-        blocks.append(
-            {
-                "attention_norm": layers.RMSNormalization(name=f"attention_norm_{i}"),
-                "attention": RotaryGroupQueryAttention(
-                    size.head_dim,
-                    size.query_heads,
-                    size.kv_heads,
-                    rope_max_wavelength=500000.0,
-                    rope_scaling=LLAMA3,
-                    positions_from_mask=True,
-                    use_bias=False,
-                    name=f"attention_{i}",
-                ),
-                "mlp_norm": layers.RMSNormalization(name=f"mlp_norm_{i}"),
-                "gate": layers.Dense(size.ffn, use_bias=False, name=f"gate_{i}"),
-                "up": layers.Dense(size.ffn, use_bias=False, name=f"up_{i}"),
-                "down": layers.Dense(size.width, use_bias=False, name=f"down_{i}"),
-            }
+    blocks = [
+        DecoderBlock(
+            size.head_dim,
+            size.query_heads,
+            size.kv_heads,
+            size.ffn,
+            rope_max_wavelength=500000.0,
+            rope_scaling=LLAMA3,
+            name=f"block_{i}",
         )
-    final_norm = layers.RMSNormalization(name="final_norm")
-    head = layers.Dense(size.vocabulary, use_bias=False, name="head")
-
-    def forward(ids, cache=None, index=None, padding=None):
-        x = embed(ids)
-        caches = []
-        for i, block in enumerate(blocks):
-            h = block["attention_norm"](x)
-            if cache is None:
-                attended = block["attention"](h, h, use_causal_mask=True)
-            else:
-                attended, layer_cache = block["attention"](
-                    h,
-                    h,
-                    use_causal_mask=True,
-                    cache=cache[:, i],
-                    cache_update_index=index,
-                    cache_mask=padding,
-                )
-                caches.append(layer_cache)
-            x = x + attended
-            h = block["mlp_norm"](x)
-            x = x + block["down"](keras.ops.silu(block["gate"](h)) * block["up"](h))
-        return head(final_norm(x)), caches
-
-    # The cached call first: Keras checks a functional model's connections with the
-    # outputs of each layer's first call, and the cached call has one more (the cache).
-    ids = keras.Input((None,), dtype="int32", name="token_ids")
-    cache = keras.Input(
-        (size.layers, 2, size.max_length, size.kv_heads, size.head_dim), name="cache"
+        for i in range(size.layers)
+    ]
+    return decoder_models(
+        keras.layers.Embedding(size.vocabulary, size.width, name="embed"),
+        blocks,
+        keras.layers.RMSNormalization(name="final_norm"),
+        keras.layers.Dense(size.vocabulary, use_bias=False, name="head"),
+        max_length=size.max_length,
+        name="tiny_llama",
     )
-    index = keras.Input(batch_shape=(), dtype="int32", name="cache_update_index")
-    padding = keras.Input((size.max_length,), dtype="int32", name="padding_mask")
-    logits, caches = forward(ids, cache, index, padding)
-    outputs = {
-        "logits": layers.Identity(name="logits")(logits),
-        "next_cache": layers.Identity(name="next_cache")(keras.ops.stack(caches, axis=1)),
-    }
-    step_model = keras.Model([ids, cache, index, padding], outputs, name="tiny_llama_step")
-    train_model = keras.Model(ids, forward(ids)[0], name="tiny_llama")
-    return train_model, step_model
 
 
 def train(train_model, size: Size, seed: int = 0) -> tuple[float, float]:
@@ -286,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    from keras_posenc.export import save_onnx
+    from keras_posenc.export import save_decoder
 
     size = TINY if args.tiny else FULL
     keras.utils.set_random_seed(0)
@@ -305,29 +319,38 @@ def main(argv: list[str] | None = None) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        save_onnx(step_model, folder / "step.onnx")
+        report = save_decoder(
+            step_model, folder / "decoder", max_length=size.max_length, formats=("onnx", "litert")
+        )
         np.savez(
             folder / "arrays.npz",
             prompts=prompts,
             mask=mask,
-            cache_shape=np.array((prompts.shape[0], *step_model.inputs[1].shape[1:])),
             size=json.dumps(dataclasses.asdict(size)),
         )
-        child = [sys.executable, __file__, "onnx", "--model", str(folder / "step.onnx")]
+        child = [sys.executable, __file__, "onnx", "--model", str(folder / "decoder")]
         child += ["--arrays", str(folder / "arrays.npz"), "--out", str(folder / "onnx.npz")]
         subprocess.run(child, check=True)
         onnx = dict(np.load(folder / "onnx.npz"))
+        genai_tokens = genai_generation(folder / "decoder", prompts, mask, size.new_tokens)
 
     results = {
         "training_seconds": training_seconds,
         "loss": (first_loss, last_loss),
         "accuracy": accuracy,
         "traces": traces,
+        "verified": {
+            runtime: all(case["runtimes"][runtime]["passed"] for case in report["cases"])
+            for runtime in report["cases"][0]["runtimes"]
+        },
         "same_tokens": bool(np.array_equal(tokens, onnx["tokens"])),
         "max_logit_difference": float(np.abs(logits - onnx["logits"]).max()),
         "keras_ms_per_token": 1000 * keras_seconds,
         "onnx_ms_per_token": 1000 * float(onnx["seconds"]),
         "onnx_process_imported": json.loads(str(onnx["loaded"])),
+        "genai_same_tokens": None
+        if genai_tokens is None
+        else bool(np.array_equal(genai_tokens, tokens)),
     }
     print(f"trained {training_seconds:.1f} s: loss {first_loss:.3f} -> {last_loss:.3f}")
     print(f"greedy continuation of {len(prompts)} left-padded prompts, {size.new_tokens} tokens:")
@@ -338,6 +361,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"  same tokens: {results['same_tokens']}, max |logits difference| "
         f"{results['max_logit_difference']:.1e}; onnxruntime's process imported "
         f"{results['onnx_process_imported'] or 'no TensorFlow/Keras'}"
+    )
+    print(f"  save_decoder's verification (64 steps, batch 1 and 4): {results['verified']}")
+    genai = results["genai_same_tokens"]
+    print(
+        "  onnxruntime-genai: "
+        + ("not installed" if genai is None else f"same tokens as Keras: {genai}")
     )
     return results
 

@@ -75,14 +75,17 @@ def test_reference_tells_wrong_positions_apart(tmp_path, monkeypatch):
 
 def test_save_decoder_writes_a_verified_genai_folder(tmp_path):
     model = step_model()
-    report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+    formats = ("onnx", "litert")
+    report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     files = {path.name for path in (tmp_path / "out").iterdir()}
-    assert {"model.onnx", "genai_config.json", "verification.json"} <= files
+    assert {"model.onnx", "genai_config.json", "model.tflite", "verification.json"} <= files
     assert report["passed"] and [c["batch"] for c in report["cases"]] == [1, 4]
+    assert report["formats"] == ["onnx", "litert"]
     for case in report["cases"]:
         assert case["steps"] == 64
-        result = case["runtimes"]["onnxruntime"]
-        assert result["same_tokens"] and result["max_abs_error"] < check.ATOL
+        for runtime in ("onnxruntime", "litert"):
+            result = case["runtimes"][runtime]
+            assert result["same_tokens"] and result["max_abs_error"] < check.ATOL, runtime
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert (decoder["num_hidden_layers"], decoder["num_key_value_heads"]) == (2, 2)
@@ -132,5 +135,33 @@ def test_refuses_other_layers_by_name(tmp_path):
 
 
 def test_refuses_head_dims_gqa_cannot_rotate(tmp_path):
-    with pytest.raises(ExportError, match="multiple of 16"):
+    with pytest.raises(ExportError, match="multiple of 16.*attention='standard'"):
         save_decoder(step_model(head_dim=8), tmp_path / "out", max_length=MAX_LENGTH)
+
+
+def test_refuses_rotary_widths_gqa_cannot_rotate(tmp_path):
+    """onnxruntime's kernel refuses cos/sin caches of 4 columns (checked by hand)."""
+    with pytest.raises(ExportError, match="rotary_dim / 2 to be a multiple of 8.*rotary_dim=8"):
+        save_decoder(step_model(rope_dim=8), tmp_path / "out", max_length=MAX_LENGTH)
+    assert not (tmp_path / "out").exists()
+
+
+def _bfloat16_step_model():
+    blocks = [DecoderBlock(16, 4, 2, 32, dtype="bfloat16", name=f"b{i}") for i in range(2)]
+    return decoder_models(
+        keras.layers.Embedding(VOCABULARY, WIDTH, dtype="bfloat16"),
+        blocks,
+        keras.layers.RMSNormalization(dtype="bfloat16"),
+        keras.layers.Dense(VOCABULARY, dtype="bfloat16"),
+        max_length=MAX_LENGTH,
+    )[1]
+
+
+def test_a_bfloat16_model_is_exported_and_verified_as_its_float32_copy(tmp_path):
+    """The files are float32: verified against Keras in bfloat16 they would fail by 1e-2."""
+    model = _bfloat16_step_model()
+    with pytest.warns(UserWarning, match="float32 copy"):
+        report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, formats="onnx")
+    assert report["passed"]
+    with pytest.raises(ExportError, match="bfloat16"):
+        save_decoder(model, tmp_path / "other", max_length=MAX_LENGTH, bfloat16="error")

@@ -78,9 +78,13 @@ def test_tiny_llama_generates_the_same_tokens_in_keras_and_onnxruntime_alone():
     first_loss, last_loss = results["loss"]
     assert last_loss < first_loss - 0.5, results["loss"]  # it learned something
     assert results["traces"] == 1  # one step function for the prompt and every new token
+    assert results["verified"] == {"onnxruntime": True, "litert": True}  # save_decoder's
     assert results["same_tokens"], results
     assert results["max_logit_difference"] <= 1e-5, results
     assert results["onnx_process_imported"] == []  # onnxruntime and numpy only
+    # onnxruntime-genai is an optional extra: where installed, it must pick the same tokens.
+    genai = importlib.util.find_spec("onnxruntime_genai") is not None
+    assert results["genai_same_tokens"] is (True if genai else None), results
 
 
 def test_tiny_llama_continuation_reference():

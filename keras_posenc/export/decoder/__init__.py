@@ -2,15 +2,17 @@
 
 One idea per module: `description` (a step model read into arrays and settings, what
 every emitter reads), `graph` (an `onnx.helper` graph builder), `gqa` (attention as
-onnxruntime's GroupQueryAttention), `onnx_decoder` (the genai-interface graph),
-`genai_config`, `greedy` (greedy generation in Keras and onnxruntime), `check` (the
-verification) and `save` (`save_decoder`).
+onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attention`),
+`onnx_decoder` (the genai-interface graph), `litert_decoder` (the LiteRT file with
+`prefill` and `decode` signatures), `genai_config`, `greedy` (greedy generation in Keras
+and onnxruntime), `check` (the verification) and `save` (`save_decoder`).
 """
 
 from keras_posenc.export.decoder.check import compare_greedy, decoder_cases, verify_decoder
 from keras_posenc.export.decoder.description import Decoder, describe_decoder, rope_tables
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import SharedCacheSession, keras_greedy, onnx_greedy
+from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.save import failed_report_path, save_decoder
 
@@ -19,11 +21,13 @@ __all__ = [
     "SharedCacheSession",
     "compare_greedy",
     "decoder_cases",
+    "decoder_litert",
     "decoder_onnx",
     "describe_decoder",
     "failed_report_path",
     "genai_config",
     "keras_greedy",
+    "litert_greedy",
     "onnx_greedy",
     "rope_tables",
     "save_decoder",

@@ -26,17 +26,21 @@ from keras_posenc.export.errors import ExportError
 
 
 def check_gqa(decoder: Decoder) -> None:
-    """onnxruntime's CPU GroupQueryAttention's limits (with `do_rotary=1`)."""
+    """onnxruntime's CPU GroupQueryAttention's limits, which its kernel checks only when it
+    runs (onnxruntime 1.32: "head_size shall be a multiple of 16", with or without rotary;
+    "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8")."""
     attention, rope = decoder.attention, decoder.rope
     if attention.head_dim % 16:
         raise ExportError(
-            f"onnxruntime's GroupQueryAttention with rotary needs head_dim to be a multiple of "
-            f"16, got {attention.head_dim}; use attention='standard'."
+            f"onnxruntime's GroupQueryAttention needs head_dim to be a multiple of 16 (its CPU "
+            f"kernel's limit), got {attention.head_dim}; use attention='standard' (ONNX's "
+            "Attention), or formats=('litert',)."
         )
     if (rope.rotary_dim // 2) % 8:
         raise ExportError(
-            f"onnxruntime's GroupQueryAttention needs rotary_dim / 2 to be a multiple of 8, "
-            f"got rotary_dim={rope.rotary_dim}; use attention='standard'."
+            f"onnxruntime's GroupQueryAttention needs rotary_dim / 2 to be a multiple of 8 (the "
+            f"width of its cos/sin caches), got rotary_dim={rope.rotary_dim}; use "
+            "attention='standard' (ONNX's Attention), or formats=('litert',)."
         )
 
 

@@ -17,6 +17,7 @@ class GraphBuilder:
         self.initializers: list[onnx.TensorProto] = []
         self._names: set[str] = set()
         self._constants: dict[tuple, str] = {}
+        self.standard = False  # ONNX's own operators only (no onnxruntime contrib ops)
 
     def name(self, base: str) -> str:
         name, count = base, 0
@@ -55,9 +56,13 @@ class GraphBuilder:
         )
         return names[0] if len(names) == 1 else names
 
-    def model(self, inputs, outputs, opset: int, name: str = "decoder") -> onnx.ModelProto:
+    def model(
+        self, inputs, outputs, opset: int, name: str = "decoder", contrib: bool = True
+    ) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
-        opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MICROSOFT, 1)]
+        opsets = [helper.make_opsetid("", opset)]
+        if contrib:
+            opsets.append(helper.make_opsetid(MICROSOFT, 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="keras_posenc")
         model.ir_version = min(model.ir_version, 10)
         return model

@@ -7,7 +7,9 @@ vocabulary)` and `present.{i}.key|value` of the past's shape, so that one buffer
 can be bound as both (genai's past_present_share_buffer). No converter in between: the
 graph is what the genai model builder writes for a Llama-style model, node for node
 (`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
-the residual adds, MatMuls, the attention of `attention=`).
+the residual adds, MatMuls, the attention of `attention=`). With `attention="standard"`
+every node is ONNX's own (opset 24): `RMSNormalization` and `Add` for the norms and
+residuals, `Gelu`, and the attention of `standard.py`.
 """
 
 from __future__ import annotations
@@ -24,17 +26,15 @@ GQA_OPSET = 21
 
 
 def _norm(g: GraphBuilder, x: str, scale: np.ndarray, epsilon: float, name: str) -> str:
-    return g.node(
-        "SimplifiedLayerNormalization",
-        [x, g.initializer(name, scale)],
-        axis=-1,
-        epsilon=epsilon,
-        stash_type=1,
-    )
+    op = "RMSNormalization" if g.standard else "SimplifiedLayerNormalization"
+    return g.node(op, [x, g.initializer(name, scale)], axis=-1, epsilon=epsilon, stash_type=1)
 
 
 def _skip_norm(g, x: str, residual: str, scale, epsilon: float, name: str) -> tuple[str, str]:
-    """`(norm(x + residual), x + residual)` in one node."""
+    """`(norm(x + residual), x + residual)`, in one node where contrib ops are allowed."""
+    if g.standard:
+        total = g.node("Add", [x, residual])
+        return _norm(g, total, scale, epsilon, name), total
     normed, total = g.node(
         "SkipSimplifiedLayerNormalization",
         [x, residual, g.initializer(name, scale)],
@@ -52,7 +52,7 @@ def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
         hidden = g.node("Mul", [silu, up])
     else:
-        hidden = g.node("Gelu", [up], domain=MICROSOFT)
+        hidden = g.node("Gelu", [up], domain="" if g.standard else MICROSOFT)
     return g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.down_proj", mlp.down)])
 
 
@@ -96,6 +96,7 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
             own operators only for the attention; see `standard.py`).
     """
     g = GraphBuilder()
+    g.standard = attention == "standard"
     if attention == "gqa":
         attend, opset = GqaAttention(decoder), GQA_OPSET
     elif attention == "standard":
@@ -129,7 +130,7 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         logits = g.node("MatMul", [hidden, head])
         g.node("Add", [logits, g.initializer("lm_head.bias", decoder.head_bias)], ["logits"])
     inputs, outputs = interface(decoder)
-    model = g.model(inputs, outputs, opset)
+    model = g.model(inputs, outputs, opset, contrib=not g.standard)
     check(model)
     return model
 

@@ -1,0 +1,235 @@
+"""A `Decoder` as a LiteRT file with `prefill` and `decode` signatures, as litert-torch has them.
+
+Both signatures take `tokens` int32 `(batch, sequence)` (`decode`: sequence 1),
+`input_pos` int32 `(sequence,)` (the cache slots the new tokens are written to, as
+consecutive slots from `input_pos[0]`), `mask` float32 `(batch, 1, sequence, max_length)`
+(0 where a query attends to a slot, negative (`-inf`) where it does not: causal and
+padding, as litert-torch's additive mask) and per layer `kv_cache_k_{i}` /
+`kv_cache_v_{i}` float32 `(batch, num_key_value_heads, max_length, head_dim)`; they
+return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}` /
+`kv_cache_v_{i}` (litert-torch's names; the cache is fixed-size and written with one
+`DYNAMIC_UPDATE_SLICE` per tensor, so a runtime can keep one buffer per tensor).
+
+A token's RoPE position is the count of slots its row of `mask` lets it attend to, less
+one (itself): the count of real tokens before it, as in the ONNX file and in Keras's
+`positions_from_mask`. Without padding that is `input_pos`. A query that attends to no
+slot (a padding token) gets finite garbage, never NaN that would reach the cache: the
+scores are masked by a select, not by adding `-inf`.
+
+The module is written from the `Decoder` description with TensorFlow ops and converted
+with built-in ops only (`TFLITE_BUILTINS`); a Flex op in the file is an error.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
+from keras_posenc.export.decoder.description import Attention, Decoder, Mlp, Norm
+from keras_posenc.export.errors import ExportError
+
+SIGNATURES = ("prefill", "decode")
+_MASKED = float(np.finfo(np.float32).min)
+
+
+def cache_names(num_layers: int) -> list[str]:
+    """litert-torch's cache tensor names, in the order the signatures list them."""
+    return [f"kv_cache_{kind}_{i}" for i in range(num_layers) for kind in ("k", "v")]
+
+
+class DecoderModule(tf.Module):
+    """The `prefill` and `decode` functions of a `Decoder` (see the module docstring)."""
+
+    def __init__(self, decoder: Decoder):
+        super().__init__(name="decoder")
+        self.decoder = decoder
+        first = decoder.attention
+        self.kv_heads, self.head_dim, self.slots = (
+            first.kv_num_heads,
+            first.head_dim,
+            decoder.max_length,
+        )
+        self.prefill = tf.function(self._step, input_signature=self._specs(None), autograph=False)
+        self.decode = tf.function(self._step, input_signature=self._specs(1), autograph=False)
+
+    def _specs(self, sequence: int | None) -> list[tf.TensorSpec]:
+        cache = [None, self.kv_heads, self.slots, self.head_dim]
+        return [
+            tf.TensorSpec([None, sequence], tf.int32, name="tokens"),
+            tf.TensorSpec([sequence], tf.int32, name="input_pos"),
+            tf.TensorSpec([None, 1, sequence, self.slots], tf.float32, name="mask"),
+            *[
+                tf.TensorSpec(cache, tf.float32, name=name)
+                for name in cache_names(self.decoder.num_layers)
+            ],
+        ]
+
+    @staticmethod
+    def _norm(x, norm: Norm):
+        variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
+        return x * tf.math.rsqrt(variance + norm.epsilon) * norm.scale
+
+    def _rotate(self, x, cos_rows, sin_rows):
+        """RoPE on the first `rotary_dim` channels of `x` `(batch, seq, heads, dim)`."""
+        rope = self.decoder.rope
+        half = rope.rotary_dim // 2
+        rotary, rest = x[..., : 2 * half], x[..., 2 * half :]
+        # expand_dims, not `[:, :, None]`: a new-axis slice is a Flex op in LiteRT.
+        c, s = tf.expand_dims(cos_rows, 2), tf.expand_dims(sin_rows, 2)
+        if rope.interleaved:
+            pairs = tf.reshape(rotary, tf.concat([tf.shape(rotary)[:-1], [half, 2]], 0))
+            even, odd = pairs[..., 0], pairs[..., 1]
+            rotated = tf.stack([even * c - odd * s, odd * c + even * s], -1)
+            rotated = tf.reshape(rotated, tf.shape(rotary))
+        else:
+            a, b = rotary[..., :half], rotary[..., half:]
+            rotated = tf.concat([a * c - b * s, b * c + a * s], -1)
+        return tf.concat([rotated, rest], -1) if self.head_dim > 2 * half else rotated
+
+    @staticmethod
+    def _mlp(h, mlp: Mlp):
+        up = tf.matmul(h, mlp.up)
+        if mlp.kind == "swiglu":
+            gate = tf.matmul(h, mlp.gate)
+            hidden = gate * tf.sigmoid(gate) * up
+        else:
+            hidden = tf.nn.gelu(up, approximate=False)
+        return tf.matmul(hidden, mlp.down)
+
+    def _attention(self, h, a: Attention, caches, start, attended, rows):
+        """One layer: `(output, key_cache, value_cache)`, the caches written at `start`."""
+        batch, steps = tf.shape(h)[0], tf.shape(h)[1]
+        kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
+        q = tf.reshape(tf.matmul(h, a.query), [batch, steps, a.num_heads, head_dim])
+        k = tf.reshape(tf.matmul(h, a.key), [batch, steps, kv_heads, head_dim])
+        v = tf.reshape(tf.matmul(h, a.value), [batch, steps, kv_heads, head_dim])
+        q, k = self._rotate(q, *rows), self._rotate(k, *rows)
+        at = tf.stack([0, 0, start, 0])
+        key_cache, value_cache = (
+            xla.dynamic_update_slice(cache, tf.transpose(new, [0, 2, 1, 3]), at)
+            for cache, new in zip(caches, (k, v), strict=True)
+        )
+        # Query head h reads key/value head h // groups: (batch, kv, groups * steps, dim).
+        q = tf.reshape(tf.transpose(q, [0, 2, 1, 3]), [batch, kv_heads, groups * steps, head_dim])
+        scores = tf.matmul(q * a.scale, key_cache, transpose_b=True)
+        scores = tf.reshape(scores, [batch, kv_heads, groups, steps, self.slots])
+        scores = tf.where(tf.expand_dims(attended, 1), scores, _MASKED)
+        weights = tf.reshape(tf.nn.softmax(scores), [batch, kv_heads, groups * steps, self.slots])
+        out = tf.reshape(tf.matmul(weights, value_cache), [batch, a.num_heads, steps, head_dim])
+        out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [batch, steps, a.num_heads * head_dim])
+        return tf.matmul(out, a.output), key_cache, value_cache
+
+    def _step(self, tokens, input_pos, mask, *caches):
+        decoder = self.decoder
+        attended = mask >= 0  # (batch, 1, seq, slots)
+        positions = tf.reduce_sum(tf.cast(attended, tf.int32), [1, 3]) - 1  # (batch, seq)
+        positions = tf.maximum(positions, 0)  # a padding query (no slot): any row
+        rows = (tf.gather(decoder.rope.cos, positions), tf.gather(decoder.rope.sin, positions))
+        x = tf.gather(decoder.embedding, tokens)
+        updated = []
+        for i, block in enumerate(decoder.blocks):
+            attended_out, key_cache, value_cache = self._attention(
+                self._norm(x, block.attention_norm),
+                block.attention,
+                caches[2 * i : 2 * i + 2],
+                input_pos[0],
+                attended,
+                rows,
+            )
+            updated += [key_cache, value_cache]
+            x = x + attended_out
+            x = x + self._mlp(self._norm(x, block.mlp_norm), block.mlp)
+        logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
+        if decoder.head_bias is not None:
+            logits = logits + decoder.head_bias
+        names = cache_names(decoder.num_layers)
+        return {"logits": logits, **dict(zip(names, updated, strict=True))}
+
+
+def decoder_litert(decoder: Decoder) -> bytes:
+    """The `.tflite` bytes of `decoder` (see the module docstring), built-in ops only.
+
+    Raises:
+        ExportError: the converter failed, or the file would need a Flex op.
+    """
+    from keras_posenc.export.litert import litert_ops
+    from keras_posenc.export.quiet import converter_output
+
+    with (
+        converter_output("tensorflow", "absl"),
+        tempfile.TemporaryDirectory(prefix="keras_posenc_decoder_") as folder,
+    ):
+        module = DecoderModule(decoder)
+        signatures = {name: getattr(module, name).get_concrete_function() for name in SIGNATURES}
+        tf.saved_model.save(module, folder, signatures=signatures)
+        converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=SIGNATURES)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        try:
+            data = converter.convert()
+        except Exception as error:
+            lines = [line for line in str(error).splitlines() if "error" in line.lower()]
+            raise ExportError(
+                "The LiteRT converter could not convert the decoder: "
+                + (lines[-1][-500:] if lines else str(error)[-500:])
+            ) from error
+    flex = sorted(op for op in litert_ops(data) if op.startswith("Flex"))
+    if flex:
+        raise ExportError(f"The decoder's LiteRT file has Flex ops: {', '.join(flex)}.")
+    return data
+
+
+def causal_mask(padding: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
+    """litert-torch's additive mask `(batch, 1, sequence, max_length)` from a padding mask
+    `(batch, max_length)` (1 for real slots) and the slots of the new tokens."""
+    slots = np.arange(padding.shape[1])
+    visible = (slots[None, :] <= input_pos[:, None])[None] & padding.astype(bool)[:, None, :]
+    return np.where(visible, 0.0, -np.inf).astype(np.float32)[:, None]
+
+
+class LiteRTDecoder:
+    """The file's signature runners with the cache kept between calls, one array per tensor."""
+
+    def __init__(self, path_or_content, batch: int):
+        from keras_posenc.export.litert import litert_interpreter
+
+        self.interpreter = litert_interpreter(path_or_content)
+        self.runners = {name: self.interpreter.get_signature_runner(name) for name in SIGNATURES}
+        details = self.runners["decode"].get_input_details()
+        self.caches = {
+            name: np.zeros((batch, *d["shape"][1:]), np.float32)
+            for name, d in details.items()
+            if name.startswith("kv_cache_")
+        }
+        self.max_length = details["mask"]["shape"][-1]
+
+    def __call__(self, tokens: np.ndarray, start: int, padding: np.ndarray) -> np.ndarray:
+        """Logits of `tokens` written at slots `start...`; `padding` `(batch, max_length)`."""
+        input_pos = np.arange(start, start + tokens.shape[1], dtype=np.int32)
+        runner = self.runners["decode" if tokens.shape[1] == 1 else "prefill"]
+        out = runner(
+            tokens=tokens.astype(np.int32),
+            input_pos=input_pos,
+            mask=causal_mask(padding, input_pos),
+            **self.caches,
+        )
+        self.caches = {name: out[name] for name in self.caches}
+        return out["logits"]
+
+
+def litert_greedy(path_or_content, prompts: np.ndarray, mask: np.ndarray, steps: int):
+    """Greedy generation through the file, as `greedy.keras_greedy` (same outputs)."""
+    batch, length = prompts.shape
+    runner = LiteRTDecoder(path_or_content, batch)
+    padding = np.ones((batch, runner.max_length), np.int32)
+    padding[:, :length] = mask
+    ids, start, logits, tokens = prompts, 0, [], []
+    for _ in range(steps + 1):
+        step_logits = runner(ids, start, padding)
+        logits.append(step_logits if not logits else step_logits[:, -1])
+        tokens.append(np.argmax(step_logits[:, -1], axis=-1))
+        start += ids.shape[1]
+        ids = tokens[-1][:, None]
+    return np.stack(tokens, 1), logits

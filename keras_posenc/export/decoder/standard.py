@@ -1,0 +1,157 @@
+"""Attention with ONNX's own operators (opset 23), for runtimes without onnxruntime's contrib ops.
+
+Per layer: one MatMul for the packed q/k/v and a `Split`, `RotaryEmbedding` (opset 23;
+the package's cos/sin tables, partial rotary through `rotary_embedding_dim`) on the
+queries and the new keys, one `ScatterND` per cache that writes the new keys / values at
+the update index (`past_sequence_length = total - sequence`, the same for every row;
+bound to one buffer as past and present, onnxruntime writes it in place), one
+`Attention` (opset 23) over the whole cache with a boolean mask, one MatMul out.
+
+The query heads of a group share their key/value head: the attention gets them as one
+key/value head's `groups * sequence` queries (the mask repeated per group), not as
+`Attention`'s own grouped-query form, which onnxruntime 1.23's CPU kernel (the
+package's oldest) computes wrongly (off by ~2 against numpy; 1.32 is right). Nor is
+`TensorScatter` (opset 24) used: onnxruntime 1.23 stops at opset 23.
+
+A cache slot is a column of `attention_mask` (left padding stays where it is, and its
+slots are masked), so no re-pack is needed. A token's position is the count of 1s
+before it in its row of the mask, as the interface defines. The mask lets query `j`
+see slot `s` when `s <= past + j` and the slot is a real token, and always its own
+slot: a padding token then attends to itself, keeping its keys and values finite
+(an all-false row would be NaN, and NaN values times a zero weight are still NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_posenc.export.decoder.description import Attention, Decoder
+from keras_posenc.export.decoder.graph import GraphBuilder
+
+STANDARD_OPSET = 23
+
+
+class StandardAttention:
+    """Emits the graph's mask-derived inputs once, then one attention per layer."""
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+
+    def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
+        """Write indices, positions and the boolean attention mask; returns the ids."""
+        i64 = np.int64
+        # The cache's slots: the bound buffer's (onnxruntime-genai sizes it by the search's
+        # max_length, which may be below the export's).
+        slots = g.node("Shape", ["past_key_values.0.key"], start=2, end=3)  # (1,)
+        batch = g.node("Shape", [input_ids], start=0, end=1)  # (1,)
+        length = g.node("Shape", [input_ids], start=1, end=2)
+        total = g.node("Shape", [attention_mask], start=1, end=2)
+        past = g.node("Sub", [total, length])  # (1,): the first slot written
+        self.write_indices = self._write_indices(g, batch, length, past)
+        # Positions: the count of 1s before each new token (padding: 0).
+        counts = g.node("CumSum", [attention_mask, g.constant(1, i64)])
+        new_counts = g.node(
+            "Slice", [counts, past, g.constant([np.iinfo(i64).max], i64), g.constant([1], i64)]
+        )
+        self.positions = g.node(
+            "Max", [g.node("Sub", [new_counts, g.constant(1, i64)]), g.constant(0, i64)]
+        )
+        # (B, 1, S, slots): slot s real and s <= past + j, or s the query's own slot.
+        pads = g.node(
+            "Concat",
+            [g.constant([0, 0, 0], i64), g.node("Sub", [slots, total])],
+            axis=0,
+        )
+        real = g.node("Cast", [g.node("Pad", [attention_mask, pads])], to=9)  # bool (B, slots)
+        real = g.node("Unsqueeze", [real, g.constant([1, 2], i64)])  # (B, 1, 1, slots)
+        steps = g.node(
+            "Range",
+            [
+                g.constant(0, i64),
+                g.node("Squeeze", [length, g.constant([0], i64)]),
+                g.constant(1, i64),
+            ],
+        )
+        own = g.node("Unsqueeze", [g.node("Add", [steps, past]), g.constant([1], i64)])  # (S, 1)
+        end = g.node("Squeeze", [slots, g.constant([0], i64)])
+        columns = g.node(
+            "Unsqueeze",
+            [g.node("Range", [g.constant(0, i64), end, g.constant(1, i64)]), g.constant([0], i64)],
+        )  # (1, slots)
+        causal = g.node("LessOrEqual", [columns, own])  # (S, slots)
+        visible = g.node("Or", [g.node("And", [real, causal]), g.node("Equal", [columns, own])])
+        groups = self.decoder.attention.num_heads // self.decoder.attention.kv_num_heads
+        self.mask = g.node("Tile", [visible, g.constant([1, 1, groups, 1], i64)])
+        rope = self.decoder.rope
+        self.cos = g.initializer("cos_cache", rope.cos)
+        self.sin = g.initializer("sin_cache", rope.sin)
+        return input_ids
+
+    def _write_indices(self, g: GraphBuilder, batch: str, length: str, past: str) -> str:
+        """ScatterND's `(B, kv_heads, S, 3)` indices: `(row, head, past + j)`."""
+        i64, kv_heads = np.int64, self.decoder.attention.kv_num_heads
+        shape = g.node(
+            "Concat", [batch, g.constant([kv_heads], i64), length, g.constant([1], i64)], axis=0
+        )
+
+        def axis(values: str, at: list[int]) -> str:
+            unsqueezed = g.node("Unsqueeze", [values, g.constant(at, i64)])
+            return g.node("Expand", [unsqueezed, shape])
+
+        def count(size: str) -> str:
+            end = g.node("Squeeze", [size, g.constant([0], i64)])
+            return g.node("Range", [g.constant(0, i64), end, g.constant(1, i64)])
+
+        rows = axis(count(batch), [1, 2, 3])
+        heads = axis(g.constant(np.arange(kv_heads), i64), [0, 2, 3])
+        slots = axis(g.node("Add", [count(length), past]), [0, 1, 3])
+        return g.node("Concat", [rows, heads, slots], axis=-1)
+
+    def finish(self, g: GraphBuilder, hidden: str) -> str:
+        return hidden
+
+    def _heads(self, g: GraphBuilder, x: str, heads: int) -> str:
+        """`(B, S, heads * dim)` -> `(B, heads, S, dim)`."""
+        shape = g.constant([0, 0, heads, self.decoder.attention.head_dim], np.int64)
+        return g.node("Transpose", [g.node("Reshape", [x, shape])], perm=[0, 2, 1, 3])
+
+    def _rotate(self, g: GraphBuilder, x: str, heads: int) -> str:
+        rope = self.decoder.rope
+        return g.node(
+            "RotaryEmbedding",
+            [x, self.cos, self.sin, self.positions],
+            interleaved=int(rope.interleaved),
+            rotary_embedding_dim=rope.rotary_dim,
+            num_heads=heads,  # onnxruntime 1.23 wants it with rotary_embedding_dim
+        )
+
+    def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
+        """One layer's attention output; writes `present.{i}.key|value`."""
+        packed = np.concatenate([attention.query, attention.key, attention.value], axis=1)
+        qkv = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.attn.qkv_proj", packed)])
+        kv_width = attention.kv_num_heads * attention.head_dim
+        sizes = g.constant([attention.num_heads * attention.head_dim, kv_width, kv_width], np.int64)
+        q, k, v = g.node("Split", [qkv, sizes], 3, axis=-1)
+        q = self._rotate(g, self._heads(g, q, attention.num_heads), attention.num_heads)
+        k = self._rotate(g, self._heads(g, k, attention.kv_num_heads), attention.kv_num_heads)
+        v = self._heads(g, v, attention.kv_num_heads)
+        caches = [
+            g.node(
+                "ScatterND",
+                [f"past_key_values.{i}.{kind}", self.write_indices, new],
+                [f"present.{i}.{kind}"],
+            )
+            for kind, new in (("key", k), ("value", v))
+        ]
+        # (B, heads, S, dim) -> (B, kv_heads, groups * S, dim): head h is kv head h // groups.
+        head_dim = attention.head_dim
+        grouped = g.constant([0, attention.kv_num_heads, -1, head_dim], np.int64)
+        q = g.node("Reshape", [q, grouped])
+        output = g.node("Attention", [q, *caches, self.mask], scale=attention.scale)
+        heads = g.constant([0, attention.num_heads, -1, head_dim], np.int64)
+        output = g.node("Reshape", [output, heads])
+        output = g.node("Transpose", [output], perm=[0, 2, 1, 3])
+        output = g.node("Reshape", [output, g.constant([0, 0, -1], np.int64)])
+        return g.node(
+            "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]
+        )
