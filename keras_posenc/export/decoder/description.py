@@ -57,11 +57,21 @@ class Attention:
     key: np.ndarray  # (width, kv_num_heads * head_dim)
     value: np.ndarray  # (width, kv_num_heads * head_dim)
     output: np.ndarray  # (num_heads * head_dim, width)
+    # Optional parts (keras_hub's families; the package's own blocks have none of them).
+    query_bias: np.ndarray | None = None  # (num_heads * head_dim,), added before RoPE
+    key_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
+    value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
+    query_norm: Norm | None = None  # an RMSNorm over each head's head_dim, before RoPE
+    key_norm: Norm | None = None
+    # A query at position i attends to the keys at positions j with i - window < j <= i.
+    window: int | None = None
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) when > 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Mlp:
-    """`"swiglu"`: `down(silu(x @ gate) * (x @ up))`; `"gelu"`: `down(gelu_erf(x @ up))`."""
+    """`"swiglu"`: `down(silu(x @ gate) * (x @ up))`; `"gelu"`: `down(gelu_erf(x @ up))`;
+    `"geglu"`: `down(gelu_tanh(x @ gate) * (x @ up))` (Gemma)."""
 
     kind: str
     gate: np.ndarray | None
@@ -88,6 +98,7 @@ class Decoder:
     head_bias: np.ndarray | None
     rope: Rope
     max_length: int
+    embedding_scale: float = 1.0  # the embedded tokens times this (Gemma: sqrt(width))
 
     @property
     def vocabulary(self) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.projection import attention_inputs
 from keras_posenc.export.errors import ExportError
 
 
@@ -93,14 +94,10 @@ class GqaAttention:
 
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
         """One layer's attention output; writes `present.{i}.key|value`."""
-        packed = np.concatenate([attention.query, attention.key, attention.value], axis=1)
-        qkv = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.attn.qkv_proj", packed)])
         output = g.node(
             "GroupQueryAttention",
             [
-                qkv,
-                "",
-                "",
+                *attention_inputs(g, i, hidden, attention),
                 f"past_key_values.{i}.key",
                 f"past_key_values.{i}.value",
                 self.seqlens_k,
@@ -115,7 +112,8 @@ class GqaAttention:
             scale=attention.scale,
             do_rotary=1,
             rotary_interleaved=int(self.decoder.rope.interleaved),
-            local_window_size=-1,
+            local_window_size=-1 if attention.window is None else attention.window,
+            softcap=attention.softcap,
         )[0]
         return g.node(
             "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]

@@ -51,6 +51,9 @@ def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
         gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
         hidden = g.node("Mul", [silu, up])
+    elif mlp.kind == "geglu":  # Gemma: tanh-approximated GELU of the gate, times up
+        gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
+        hidden = g.node("Mul", [g.node("Gelu", [gate], approximate="tanh"), up])
     else:
         hidden = g.node("Gelu", [up], domain=MICROSOFT)
     return g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.down_proj", mlp.down)])
@@ -106,6 +109,8 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
     ids = attend.prepare(g, "input_ids", "attention_mask")
     x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    if decoder.embedding_scale != 1.0:
+        x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
     first = decoder.blocks[0].attention_norm
     hidden = _norm(g, x, first.scale, first.epsilon, "layers.0.input_layernorm")
     residual = x

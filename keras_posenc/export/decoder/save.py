@@ -12,6 +12,7 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
+from keras_posenc.keras_hub.describe import is_keras_hub_causal_lm
 
 ATTENTIONS = ("gqa", "standard")
 
@@ -44,7 +45,9 @@ def save_decoder(
 
     `model` is a step model made as `keras_posenc.decoder_models` makes it (Embedding,
     `DecoderBlock`s, RMSNormalization, Dense head; anything else is refused with an
-    error naming the layer). The ONNX file has onnxruntime-genai's decoder interface
+    error naming the layer), or a keras_hub CausalLM of the families
+    `keras_posenc.keras_hub` reads (verified against keras_hub's own greedy generation;
+    docs/keras_hub.md). The ONNX file has onnxruntime-genai's decoder interface
     (`input_ids`, `attention_mask` -> `logits`, `past_key_values.{i}.key|value` ->
     `present.{i}.key|value` of shape `(batch, num_key_value_heads, max_length, head_dim)`,
     one buffer per layer bound as both); a token's position is the count of 1s before it
@@ -78,7 +81,17 @@ def save_decoder(
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
-    decoder = describe_decoder(model, max_length)
+    reference, slots = None, None
+    if is_keras_hub_causal_lm(model):
+        from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
+
+        decoder, reference, slots = (
+            describe_causal_lm(model, max_length),
+            keras_hub_greedy(model),
+            max_length,
+        )
+    else:
+        decoder = describe_decoder(model, max_length)
     onnx_model = decoder_onnx(decoder, attention)
     config = genai_config(
         decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
@@ -91,10 +104,10 @@ def save_decoder(
         write_json(config, staging / "genai_config.json")
         report = {}
         if verify:
-            keras_slots = model.inputs[1].shape[3]
+            keras_slots = slots or model.inputs[1].shape[3]
             runtimes = {"onnxruntime": _onnx_runtime(staging / "model.onnx", max_length)}
             report = verify_decoder(
-                model, runtimes, min(max_length, keras_slots), decoder.vocabulary
+                model, runtimes, min(max_length, keras_slots), decoder.vocabulary, reference
             )
             report["attention"] = attention
             message = failure_message(report)
