@@ -1,0 +1,68 @@
+"""Tiny random keras_hub CausalLMs of each family the bridge reads (nothing downloaded).
+
+Backbones are built from configs and their weights redrawn at scales that make the
+logits of order 1 and the attention far from uniform (keras_hub's initialisers give
+logits of order 1e-3, where a wrong position would hardly move a token): kernels
+N(0, 1/fan_in), norm scales 1 + N(0, 0.2²), biases N(0, 0.5²).
+"""
+
+from __future__ import annotations
+
+import keras_hub
+import numpy as np
+
+VOCABULARY, MAX_LENGTH = 100, 128
+COMMON = dict(
+    vocabulary_size=VOCABULARY,
+    num_layers=2,
+    num_query_heads=4,
+    hidden_dim=64,
+    intermediate_dim=96,
+    num_key_value_heads=2,
+)
+# Family -> (backbone class, CausalLM class, backbone options).
+FAMILIES = {
+    "llama": ("LlamaBackbone", "LlamaCausalLM", {}),
+    "llama3": (
+        "Llama3Backbone",
+        "Llama3CausalLM",
+        # pretraining length 32: the llama3 blend changes frequencies of wavelength 8-32.
+        dict(
+            rope_frequency_adjustment_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_pretraining_sequence_length=32,
+        ),
+    ),
+    # A window of 16 slots: the 72 positions the verification covers pass it.
+    "mistral": ("MistralBackbone", "MistralCausalLM", dict(sliding_window=16)),
+    "qwen2": ("Qwen2Backbone", "Qwen2CausalLM", dict(rope_scaling_factor=2.0)),
+    "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(head_dim=16, tie_word_embeddings=False)),
+}
+
+
+def redraw(backbone, seed: int = 0) -> None:
+    """The backbone's weights redrawn at the scales of the module docstring."""
+    rng = np.random.default_rng(seed)
+    for weight in backbone.weights:
+        shape = tuple(weight.shape)
+        if weight.path.endswith("scale"):
+            value = 1 + 0.2 * rng.standard_normal(shape)
+        elif weight.path.endswith("bias"):
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            if weight.path.endswith("/embeddings"):
+                fan_in = 1
+            elif "attention_output" in weight.path:
+                fan_in = shape[0] * shape[1]
+            else:
+                fan_in = shape[0]
+            value = rng.standard_normal(shape) / np.sqrt(fan_in)
+        weight.assign(value.astype(np.float32))
+
+
+def tiny_causal_lm(family: str, seed: int = 0, **options):
+    backbone_class, causal_lm_class, defaults = FAMILIES[family]
+    backbone = getattr(keras_hub.models, backbone_class)(**COMMON, **{**defaults, **options})
+    redraw(backbone, seed)
+    return getattr(keras_hub.models, causal_lm_class)(backbone=backbone)
