@@ -3,7 +3,9 @@
 Backbones are built from configs and their weights redrawn at scales that make the
 logits of order 1 and the attention far from uniform (keras_hub's initialisers give
 logits of order 1e-3, where a wrong position would hardly move a token): kernels
-N(0, 1/fan_in), norm scales 1 + N(0, 0.2²), biases N(0, 0.5²).
+N(0, 1/fan_in) (the embeddings N(0, 1),
+or N(0, 1/width) where the head reads them), norm scales 1 + N(0, 0.2²) (Gemma's
+`1 + scale` too), biases N(0, 0.5²).
 """
 
 from __future__ import annotations
@@ -38,23 +40,60 @@ FAMILIES = {
     "mistral": ("MistralBackbone", "MistralCausalLM", dict(sliding_window=16)),
     "qwen2": ("Qwen2Backbone", "Qwen2CausalLM", dict(rope_scaling_factor=2.0)),
     "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(head_dim=16, tie_word_embeddings=False)),
+    "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(head_dim=16)),
+    # Gemma 2's settings: the query scaled by width / heads, post norms, soft caps, a
+    # window of 16 on every other layer.
+    "gemma2": (
+        "GemmaBackbone",
+        "GemmaCausalLM",
+        dict(
+            head_dim=32,
+            query_head_dim_normalize=False,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=3.0,
+            final_logit_soft_cap=2.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+        ),
+    ),
+    # Six layers: five local (RoPE base 1e4, window 16), one global (base 1e6, scaled by 4).
+    "gemma3": (
+        "Gemma3Backbone",
+        "Gemma3CausalLM",
+        dict(
+            image_size=16,  # required, unused without a vision encoder
+            num_layers=6,
+            hidden_dim=32,
+            intermediate_dim=64,
+            head_dim=16,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+            global_rope_scaling_factor=4.0,
+        ),
+    ),
 }
 
 
 def redraw(backbone, seed: int = 0) -> None:
     """The backbone's weights redrawn at the scales of the module docstring."""
     rng = np.random.default_rng(seed)
+    gemma = type(backbone).__name__.startswith("Gemma")
     for weight in backbone.weights:
         shape = tuple(weight.shape)
-        if weight.path.endswith("scale"):
-            value = 1 + 0.2 * rng.standard_normal(shape)
+        if weight.path.endswith("scale"):  # Gemma's norms multiply by 1 + scale
+            value = (0 if gemma else 1) + 0.2 * rng.standard_normal(shape)
         elif weight.path.endswith("bias"):
             value = 0.5 * rng.standard_normal(shape)
         else:
-            if weight.path.endswith("/embeddings"):
-                fan_in = 1
+            if weight.path.endswith("/embeddings"):  # a tied head reads them as a kernel
+                fan_in = shape[1] if backbone.token_embedding.tie_weights else 1
             elif "attention_output" in weight.path:
                 fan_in = shape[0] * shape[1]
+            elif len(shape) == 3:  # q/k/v kernels: (width, heads, head_dim) or Gemma's
+                fan_in = backbone.hidden_dim  # (heads, width, head_dim)
             else:
                 fan_in = shape[0]
             value = rng.standard_normal(shape) / np.sqrt(fan_in)
@@ -63,6 +102,6 @@ def redraw(backbone, seed: int = 0) -> None:
 
 def tiny_causal_lm(family: str, seed: int = 0, **options):
     backbone_class, causal_lm_class, defaults = FAMILIES[family]
-    backbone = getattr(keras_hub.models, backbone_class)(**COMMON, **{**defaults, **options})
+    backbone = getattr(keras_hub.models, backbone_class)(**{**COMMON, **defaults, **options})
     redraw(backbone, seed)
-    return getattr(keras_hub.models, causal_lm_class)(backbone=backbone)
+    return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)

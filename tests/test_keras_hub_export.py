@@ -5,12 +5,14 @@ keras_hub's greedy tokens over 64 steps, batch 1 and a left-padded batch 4, with
 within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder). The
 reference, keras_hub's `call_with_cache` driven as `generate()` drives it, is checked
 against `generate()` itself; the settings each family adds (the sliding window, the
-biases, the q/k norms, llama3 scaling) are checked to matter: dropped, the tokens change.
+biases, the q/k norms, soft caps, Gemma 3's global RoPE, llama3 scaling) are checked to
+matter: dropped, the tokens change.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -27,9 +29,15 @@ from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
 
 
+@functools.cache
+def _tiny(family: str):
+    """One model per family for the tests that only read it."""
+    return tiny_causal_lm(family)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_generates_as_keras_hub(tmp_path, family):
-    causal_lm = tiny_causal_lm(family)
+    causal_lm = _tiny(family)
     report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH)
     assert report["passed"]
     assert [case["steps"] for case in report["cases"]] == [64, 64]
@@ -64,13 +72,18 @@ def _without(decoder, **changes):
         ("mistral", {"window": None}),
         ("qwen2", {"query_bias": None, "key_bias": None, "value_bias": None}),
         ("qwen3", {"query_norm": None, "key_norm": None}),
+        ("gemma2", {"softcap": 0.0}),
+        ("gemma2", {"window": None}),
+        ("gemma3", {"rope": None}),  # the global layer's tables: the local layers' instead
+        ("gemma3", {"query_norm": None, "key_norm": None}),
     ],
 )
 def test_each_setting_matters(family, dropped):
     """Dropped from the export, the family's own setting changes the tokens: the
     verification above would catch it being read or written wrongly."""
-    causal_lm = tiny_causal_lm(family)
-    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
+    causal_lm = _tiny(family)
+    # 24 steps: positions to 31, past the windows of 16.
+    case = {**decoder_cases(VOCABULARY, MAX_LENGTH)[1], "steps": 24}
     expected = keras_hub_greedy(causal_lm)(case["prompts"], case["mask"], case["steps"])
     decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
     assert compare_greedy(expected, _onnx_run(decoder, case), case["mask"])["passed"]
@@ -79,7 +92,7 @@ def test_each_setting_matters(family, dropped):
 
 
 def test_llama3_scaling_matters():
-    causal_lm = tiny_causal_lm("llama3")
+    causal_lm = _tiny("llama3")
     plain = tiny_causal_lm(
         "llama3",
         rope_frequency_adjustment_factor=None,
@@ -92,11 +105,11 @@ def test_llama3_scaling_matters():
     assert np.abs(scaled.cos - unscaled.cos).max() > 0.1
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
-def test_reference_is_keras_hub_generate(family):
+def test_reference_is_keras_hub_generate():
     """The reference's tokens are those of keras_hub's own `generate` (greedy sampler,
-    its compiled generate function), for prompts of different lengths in one batch."""
-    causal_lm = tiny_causal_lm(family)
+    its compiled generate function), for prompts of different lengths in one batch (the
+    reference is one driver for every family; Mistral's has a window to pass)."""
+    causal_lm = tiny_causal_lm("mistral")
     causal_lm.compile(sampler="greedy")
     case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
     prompts, mask, steps = case["prompts"], case["mask"], 20
@@ -117,7 +130,7 @@ def test_reference_is_keras_hub_generate(family):
 def test_exact_tables_are_the_float64_angles_and_keras_hub_differs():
     """The export's tables are float64 angles rounded once (numpy here); keras_hub's
     float32 recomputation is off by more than that rounding, within float32's error."""
-    causal_lm = tiny_causal_lm("mistral")
+    causal_lm = _tiny("mistral")
     exact = describe_causal_lm(causal_lm, MAX_LENGTH).rope
     keras_hub = describe_causal_lm(causal_lm, MAX_LENGTH, tables="keras_hub").rope
     inverse = 10000.0 ** (-np.arange(0, 16, 2, dtype=np.float64) / 16)

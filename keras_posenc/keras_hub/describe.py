@@ -10,26 +10,21 @@ error naming the class or the setting.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import keras
 import numpy as np
 
-from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp, Norm
+from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import rope as rope_tables
+from keras_posenc.keras_hub.common import array as _array
+from keras_posenc.keras_hub.common import rms_norm as _norm
+from keras_posenc.keras_hub.gemma import gemma_block
 
-# Class name -> how its attention layers say their sliding window (None: no window).
-FAMILIES = {
-    "LlamaCausalLM": lambda attention: None,
-    "Llama3CausalLM": lambda attention: None,
-    "MistralCausalLM": lambda attention: attention._sliding_window,
-    "QwenCausalLM": lambda attention: (
-        attention.sliding_window_size if attention.use_sliding_window_attention else None
-    ),
-    "Qwen3CausalLM": lambda attention: attention.sliding_window_size or None,
-}
-# keras_hub's aliases of the classes above (the same class under another name).
+# keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
 ALIASES = {"Qwen2CausalLM": "QwenCausalLM"}
 
 
@@ -41,10 +36,6 @@ def is_keras_hub_causal_lm(model) -> bool:
     )
 
 
-def _array(variable) -> np.ndarray:
-    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
-
-
 def _family(causal_lm) -> str:
     name = type(causal_lm).__name__
     if not type(causal_lm).__module__.startswith("keras_hub.") or name not in FAMILIES:
@@ -54,18 +45,6 @@ def _family(causal_lm) -> str:
             f"{type(causal_lm).__module__}.{name} is not one of them."
         )
     return name
-
-
-def _norm(layer, owner: str) -> Norm:
-    kind = type(layer).__name__
-    if kind not in (
-        "LlamaLayerNorm",
-        "MistralLayerNormalization",
-        "QwenLayerNorm",
-        "Qwen3LayerNorm",
-    ):
-        raise ExportError(f"{owner}: its norm {kind} is not an RMSNorm the export reads.")
-    return Norm(_array(layer.scale), float(layer.epsilon))
 
 
 def _dense(layer, owner: str) -> np.ndarray:
@@ -111,14 +90,13 @@ def _attention(layer, window, max_length: int, owner: str) -> tuple[Attention, o
     return attention, layer.rotary_embedding_layer
 
 
-def _block(layer, family: str, max_length: int, owner: str) -> tuple[Block, object]:
+def _llama_block(window_of, layer, max_length: int, owner: str) -> tuple[Block, object]:
+    """A Llama-style block; `window_of(attention layer)` its sliding window (or None)."""
     activation = getattr(layer, "activation", None)
     if activation is None or keras.activations.serialize(activation) != "silu":
         raise ExportError(f"{owner}: the feedforward activation must be silu (SwiGLU).")
     self_attention = layer._self_attention_layer
-    attention, rotary = _attention(
-        self_attention, FAMILIES[family](self_attention), max_length, owner
-    )
+    attention, rotary = _attention(self_attention, window_of(self_attention), max_length, owner)
     mlp = Mlp(
         kind="swiglu",
         gate=_dense(layer._feedforward_gate_dense, owner),
@@ -134,15 +112,20 @@ def _block(layer, family: str, max_length: int, owner: str) -> tuple[Block, obje
     return block, rotary
 
 
-def _rope(rotaries: list, head_dim: int, max_length: int, tables: str, owner: str):
-    wavelength, scaling = rope_tables.rope_settings(rotaries[0], owner)
-    for rotary in rotaries[1:]:
-        if rope_tables.rope_settings(rotary, owner) != (wavelength, scaling):
-            raise ExportError(f"{owner}: its layers have different RoPE settings.")
-    exact = rope_tables.exact_tables(head_dim, wavelength, scaling, max_length)
-    keras_hub = rope_tables.keras_hub_tables(rotaries[0], head_dim, max_length)
-    rope_tables.check_agreement(exact, keras_hub, max_length, owner)
-    return exact if tables == "exact" else keras_hub
+def _rope(rotaries: list, head_dim: int, max_length: int, tables: str, owner: str) -> list:
+    """Each layer's tables (one `Rope` object per distinct setting, shared by its layers)."""
+    settings, tables_of, ropes = [], [], []  # settings are dicts: looked up by equality
+    for rotary in rotaries:
+        setting = rope_tables.rope_settings(rotary, owner)
+        if setting not in settings:
+            wavelength, scaling = setting
+            exact = rope_tables.exact_tables(head_dim, wavelength, scaling, max_length)
+            keras_hub = rope_tables.keras_hub_tables(rotary, head_dim, max_length)
+            rope_tables.check_agreement(exact, keras_hub, max_length, owner)
+            settings.append(setting)
+            tables_of.append(exact if tables == "exact" else keras_hub)
+        ropes.append(tables_of[settings.index(setting)])
+    return ropes
 
 
 def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> Decoder:
@@ -161,7 +144,7 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
     """
     if tables not in ("exact", "keras_hub"):
         raise ValueError(f"tables must be 'exact' or 'keras_hub', got {tables!r}.")
-    family = _family(causal_lm)
+    read_block = FAMILIES[_family(causal_lm)]
     backbone = causal_lm.backbone
     owner = f"{type(causal_lm).__name__} {backbone.name!r}"
     policy = backbone.dtype_policy
@@ -173,10 +156,16 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         )
     max_length = int(max_length)
     read = [
-        _block(layer, family, max_length, f"{owner} layer {i}")
+        read_block(layer, max_length, f"{owner} layer {i}")
         for i, layer in enumerate(backbone.transformer_layers)
     ]
-    blocks = tuple(block for block, _ in read)
+    ropes = _rope([r for _, r in read], read[0][0].attention.head_dim, max_length, tables, owner)
+    blocks = tuple(
+        block
+        if rope is ropes[0]
+        else dataclasses.replace(block, attention=dataclasses.replace(block.attention, rope=rope))
+        for (block, _), rope in zip(read, ropes, strict=True)
+    )
     first = blocks[0].attention
     for block in blocks[1:]:
         a = block.attention
@@ -188,15 +177,36 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             raise ExportError(f"{owner}: its layers differ in head counts.")
     embedding = backbone.token_embedding
     table = _array(embedding.embeddings)
-    if getattr(embedding, "logit_soft_cap", None):
-        raise ExportError(f"{owner}: a final logit soft cap is not exported.")
     head = table.T if embedding.tie_weights else _array(embedding.reverse_embeddings)
+    # Gemma scales the embedded tokens by sqrt(width) in float32.
+    scale = float(np.sqrt(np.float32(backbone.hidden_dim))) if read_block in SCALED else 1.0
     return Decoder(
         embedding=table,
         blocks=blocks,
         final_norm=_norm(backbone.layer_norm, owner),
         head=np.ascontiguousarray(head),
         head_bias=None,
-        rope=_rope([r for _, r in read], first.head_dim, max_length, tables, owner),
+        rope=ropes[0],
         max_length=max_length,
+        embedding_scale=scale,
+        final_softcap=float(getattr(embedding, "logit_soft_cap", None) or 0.0),
     )
+
+
+def _window(attention) -> int | None:
+    return attention.sliding_window_size if attention.use_sliding_window_attention else None
+
+
+# Class name -> its block reader.
+FAMILIES = {
+    "LlamaCausalLM": functools.partial(_llama_block, lambda attention: None),
+    "Llama3CausalLM": functools.partial(_llama_block, lambda attention: None),
+    "MistralCausalLM": functools.partial(_llama_block, lambda attention: attention._sliding_window),
+    "QwenCausalLM": functools.partial(_llama_block, _window),
+    "Qwen3CausalLM": functools.partial(
+        _llama_block, lambda attention: attention.sliding_window_size or None
+    ),
+    "GemmaCausalLM": gemma_block,
+    "Gemma3CausalLM": gemma_block,
+}
+SCALED = (gemma_block,)  # families whose embedded tokens are scaled by sqrt(width)

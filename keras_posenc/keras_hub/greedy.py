@@ -13,15 +13,39 @@ from __future__ import annotations
 import numpy as np
 
 
-def _cached_call(causal_lm):
-    """`call_with_cache`, traced once per token count under TensorFlow."""
+def _cached_call(causal_lm, cache):
+    """`call_with_cache`, traced once for every batch, length and slot under TensorFlow."""
     import keras
 
     if keras.config.backend() != "tensorflow":
         return causal_lm.call_with_cache
     import tensorflow as tf
 
-    return tf.function(causal_lm.call_with_cache, reduce_retracing=True)
+    def spec(tensor):
+        return tf.TensorSpec([None] * len(tensor.shape), tensor.dtype)
+
+    signature = [
+        tf.TensorSpec([None, None], tf.int32),
+        tf.nest.map_structure(spec, cache),
+        tf.TensorSpec([], tf.int32),
+    ]
+    return tf.function(causal_lm.call_with_cache, input_signature=signature)
+
+
+def _empty_cache(causal_lm, batch: int, slots: int):
+    """keras_hub's cache: `(batch, num_layers, 2, slots, kv_heads, head_dim)`, or for
+    Gemma 3 a `(key, value)` pair of `(batch, slots, kv_heads, head_dim)` per layer."""
+    import keras
+
+    backbone = causal_lm.backbone
+    head_dim = getattr(backbone, "head_dim", None) or (
+        backbone.hidden_dim // backbone.num_query_heads
+    )
+    shape = (batch, slots, backbone.num_key_value_heads, head_dim)
+    if type(causal_lm).__name__ == "Gemma3CausalLM":
+        zeros = keras.ops.zeros
+        return tuple((zeros(shape), zeros(shape)) for _ in range(backbone.num_layers))
+    return keras.ops.zeros((batch, backbone.num_layers, 2, *shape[1:]))
 
 
 def keras_hub_greedy(causal_lm):
@@ -30,7 +54,7 @@ def keras_hub_greedy(causal_lm):
     import keras
 
     backbone = causal_lm.backbone
-    call = _cached_call(causal_lm)
+    traced = []  # the traced call, made at the first generation
 
     def greedy(prompts: np.ndarray, mask: np.ndarray, steps: int):
         batch, width = prompts.shape
@@ -39,11 +63,13 @@ def keras_hub_greedy(causal_lm):
         tokens = np.zeros((batch, total), np.int32)
         for row, length in enumerate(lengths):
             tokens[row, :length] = prompts[row, width - length :]
-        head_dim = backbone.transformer_layers[0]._self_attention_layer._key_dense.kernel.shape[2]
-        kv_heads = backbone.transformer_layers[0]._self_attention_layer._key_dense.kernel.shape[1]
-        cache = keras.ops.zeros((batch, backbone.num_layers, 2, total, kv_heads, head_dim))
+        cache = _empty_cache(causal_lm, batch, total)
+        if not traced:
+            traced.append(_cached_call(causal_lm, cache))
+        call = traced[0]
         logits = np.zeros((batch, total, backbone.vocabulary_size), np.float32)
-        out, _, cache = call(keras.ops.convert_to_tensor(tokens[:, :width]), cache, 0)
+        start = keras.ops.convert_to_tensor(0, "int32")
+        out, _, cache = call(keras.ops.convert_to_tensor(tokens[:, :width]), cache, start)
         logits[:, :width] = keras.ops.convert_to_numpy(out)
         for slot in range(int(lengths.min()), total):
             generated = slot >= lengths

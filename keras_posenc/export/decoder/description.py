@@ -66,6 +66,9 @@ class Attention:
     # A query at position i attends to the keys at positions j with i - window < j <= i.
     window: int | None = None
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) when > 0
+    rope: Rope | None = (
+        None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +84,15 @@ class Mlp:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
+    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP;
+    the post norms (Gemma 2 and 3) are optional."""
+
     attention_norm: Norm
     attention: Attention
     mlp_norm: Norm
     mlp: Mlp
+    post_attention_norm: Norm | None = None
+    post_mlp_norm: Norm | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +107,7 @@ class Decoder:
     rope: Rope
     max_length: int
     embedding_scale: float = 1.0  # the embedded tokens times this (Gemma: sqrt(width))
+    final_softcap: float = 0.0  # logits become cap * tanh(logits / cap) when > 0 (Gemma 2)
 
     @property
     def vocabulary(self) -> int:

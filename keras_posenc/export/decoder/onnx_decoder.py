@@ -116,11 +116,17 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
     residual = x
     for i, block in enumerate(decoder.blocks):
         attended = attend.layer(g, i, hidden, block.attention)
+        if block.post_attention_norm is not None:
+            post = block.post_attention_norm
+            attended = _norm(g, attended, post.scale, post.epsilon, f"layers.{i}.post_attn_norm")
         norm = block.mlp_norm
         hidden, residual = _skip_norm(
             g, attended, residual, norm.scale, norm.epsilon, f"layers.{i}.post_attention_layernorm"
         )
         mlp_out = _mlp(g, i, hidden, block.mlp)
+        if block.post_mlp_norm is not None:
+            post = block.post_mlp_norm
+            mlp_out = _norm(g, mlp_out, post.scale, post.epsilon, f"layers.{i}.post_mlp_norm")
         if i + 1 < decoder.num_layers:
             norm, name = decoder.blocks[i + 1].attention_norm, f"layers.{i + 1}.input_layernorm"
         else:
@@ -128,11 +134,14 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
     hidden = attend.finish(g, hidden)
     head = g.initializer("lm_head", decoder.head)
-    if decoder.head_bias is None:
-        g.node("MatMul", [hidden, head], ["logits"])
-    else:
-        logits = g.node("MatMul", [hidden, head])
-        g.node("Add", [logits, g.initializer("lm_head.bias", decoder.head_bias)], ["logits"])
+    capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None
+    logits = g.node("MatMul", [hidden, head], 1 if biased or capped else ["logits"])
+    if biased:
+        bias = g.initializer("lm_head.bias", decoder.head_bias)
+        logits = g.node("Add", [logits, bias], 1 if capped else ["logits"])
+    if capped:
+        cap = g.constant(decoder.final_softcap, np.float32)
+        g.node("Mul", [g.node("Tanh", [g.node("Div", [logits, cap])]), cap], ["logits"])
     inputs, outputs = interface(decoder)
     model = g.model(inputs, outputs, opset)
     check(model)
