@@ -40,6 +40,19 @@ FAMILIES = {
     "mistral": ("MistralBackbone", "MistralCausalLM", dict(sliding_window=16)),
     "qwen2": ("Qwen2Backbone", "Qwen2CausalLM", dict(rope_scaling_factor=2.0)),
     "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(head_dim=16, tie_word_embeddings=False)),
+    # su (longrope) scaling, exact up to its switch at 128: short factors, attention
+    # factor sqrt(1 + ln(512 / 128) / ln(128)).
+    "phi3": (
+        "Phi3Backbone",
+        "Phi3CausalLM",
+        dict(
+            rope_scaling_type="su",
+            rope_scaling_short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 4.0],
+            rope_scaling_long_factor=[1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+            max_sequence_length=512,
+            pretraining_sequence_length=128,
+        ),
+    ),
     "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(head_dim=16)),
     # Gemma 2's settings: the query scaled by width / heads, post norms, soft caps, a
     # window of 16 on every other layer.

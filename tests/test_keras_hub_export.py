@@ -144,6 +144,11 @@ def test_exact_tables_are_the_float64_angles_and_keras_hub_differs():
 def test_refusals(tmp_path):
     with pytest.raises(ExportError, match="rope_position_scaling_factor"):
         describe_causal_lm(tiny_causal_lm("llama", rope_position_scaling_factor=2.0), 64)
+    # Past su's switch (128) a cached key keeps its short-factor rotation: no one table.
+    with pytest.raises(ExportError, match="max_length <= 128"):
+        describe_causal_lm(_tiny("phi3"), 129)
+    with pytest.raises(ExportError, match='dtype="float32"'):
+        describe_causal_lm(tiny_causal_lm("llama", dtype="bfloat16"), 64)
     import keras_hub
 
     gpt2 = keras_hub.models.GPT2CausalLM(

@@ -9,7 +9,13 @@ from keras_posenc.export.decoder.description import Norm
 from keras_posenc.export.errors import ExportError
 
 # `x * rsqrt(mean(x²) + epsilon) * scale`, in float32.
-_RMS_NORMS = ("LlamaLayerNorm", "MistralLayerNormalization", "QwenLayerNorm", "Qwen3LayerNorm")
+_RMS_NORMS = (
+    "LlamaLayerNorm",
+    "MistralLayerNormalization",
+    "QwenLayerNorm",
+    "Qwen3LayerNorm",
+    "Phi3LayerNorm",
+)
 # Gemma's: `x / sqrt(mean(x²) + epsilon) * (1 + scale)`; `1 + scale` rounds to the same
 # float32 as keras_hub's, so it is stored as the scale.
 _GEMMA_NORM = "RMSNormalization"

@@ -58,12 +58,37 @@ def _einsum_bias(layer) -> np.ndarray | None:
     return None if bias is None else _array(bias).reshape(-1)
 
 
-def _attention(layer, window, max_length: int, owner: str) -> tuple[Attention, object]:
-    query = _array(layer._query_dense.kernel)  # (width, heads, head_dim)
-    key = _array(layer._key_dense.kernel)
+# The attributes of a Llama-style block and attention, in keras_hub's two spellings.
+_LLAMA_NAMES = dict(
+    attention_norm="_self_attention_layernorm",
+    attention="_self_attention_layer",
+    mlp_norm="_feedforward_layernorm",
+    gate="_feedforward_gate_dense",
+    up="_feedforward_intermediate_dense",
+    down="_feedforward_output_dense",
+    query="_query_dense",
+    key="_key_dense",
+    value="_value_dense",
+    output="_output_dense",
+)
+_PHI3_NAMES = dict(
+    _LLAMA_NAMES,
+    attention_norm="pre_attention_layernorm",
+    attention="attention",
+    mlp_norm="post_attention_layernorm",
+    **{part: _LLAMA_NAMES[part][1:] for part in ("gate", "up", "down")},
+    **{part: f"{part}_dense" for part in ("query", "key", "value", "output")},
+)
+
+
+def _attention(layer, names, window, max_length: int, owner: str) -> tuple[Attention, object]:
+    query_dense, key_dense, value_dense, output_dense = (
+        getattr(layer, names[part]) for part in ("query", "key", "value", "output")
+    )
+    query = _array(query_dense.kernel)  # (width, heads, head_dim)
+    key = _array(key_dense.kernel)
     width, heads, head_dim = query.shape
     kv_heads = key.shape[1]
-    output_dense = layer._output_dense
     if getattr(output_dense, "bias", None) is not None:
         raise ExportError(f"{owner}: an attention output bias is not exported.")
     norms = {}
@@ -77,11 +102,11 @@ def _attention(layer, window, max_length: int, owner: str) -> tuple[Attention, o
         scale=1.0 / math.sqrt(head_dim),  # keras_hub's `_inv_norm_factor`
         query=query.reshape(width, heads * head_dim),
         key=key.reshape(width, kv_heads * head_dim),
-        value=_array(layer._value_dense.kernel).reshape(width, kv_heads * head_dim),
+        value=_array(value_dense.kernel).reshape(width, kv_heads * head_dim),
         output=_array(output_dense.kernel).reshape(heads * head_dim, width),
-        query_bias=_einsum_bias(layer._query_dense),
-        key_bias=_einsum_bias(layer._key_dense),
-        value_bias=_einsum_bias(layer._value_dense),
+        query_bias=_einsum_bias(query_dense),
+        key_bias=_einsum_bias(key_dense),
+        value_bias=_einsum_bias(value_dense),
         query_norm=norms["query"],
         key_norm=norms["key"],
         # A window as wide as the cache masks nothing.
@@ -90,23 +115,27 @@ def _attention(layer, window, max_length: int, owner: str) -> tuple[Attention, o
     return attention, layer.rotary_embedding_layer
 
 
-def _llama_block(window_of, layer, max_length: int, owner: str) -> tuple[Block, object]:
+def _llama_block(
+    window_of, layer, max_length: int, owner: str, names=_LLAMA_NAMES
+) -> tuple[Block, object]:
     """A Llama-style block; `window_of(attention layer)` its sliding window (or None)."""
     activation = getattr(layer, "activation", None)
     if activation is None or keras.activations.serialize(activation) != "silu":
         raise ExportError(f"{owner}: the feedforward activation must be silu (SwiGLU).")
-    self_attention = layer._self_attention_layer
-    attention, rotary = _attention(self_attention, window_of(self_attention), max_length, owner)
+    self_attention = getattr(layer, names["attention"])
+    attention, rotary = _attention(
+        self_attention, names, window_of(self_attention), max_length, owner
+    )
     mlp = Mlp(
         kind="swiglu",
-        gate=_dense(layer._feedforward_gate_dense, owner),
-        up=_dense(layer._feedforward_intermediate_dense, owner),
-        down=_dense(layer._feedforward_output_dense, owner),
+        gate=_dense(getattr(layer, names["gate"]), owner),
+        up=_dense(getattr(layer, names["up"]), owner),
+        down=_dense(getattr(layer, names["down"]), owner),
     )
     block = Block(
-        _norm(layer._self_attention_layernorm, owner),
+        _norm(getattr(layer, names["attention_norm"]), owner),
         attention,
-        _norm(layer._feedforward_layernorm, owner),
+        _norm(getattr(layer, names["mlp_norm"]), owner),
         mlp,
     )
     return block, rotary
@@ -206,6 +235,7 @@ FAMILIES = {
     "Qwen3CausalLM": functools.partial(
         _llama_block, lambda attention: attention.sliding_window_size or None
     ),
+    "Phi3CausalLM": functools.partial(_llama_block, lambda attention: None, names=_PHI3_NAMES),
     "GemmaCausalLM": gemma_block,
     "Gemma3CausalLM": gemma_block,
 }

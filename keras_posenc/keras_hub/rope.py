@@ -53,6 +53,14 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
             "high_freq_factor": float(layer.high_freq_factor),
             "original_max_position_embeddings": int(layer.pretraining_sequence_length),
         }
+    if kind == "Phi3SuScaledRotaryEmbedding":  # transformers' longrope
+        return wavelength, {
+            "rope_type": "longrope",
+            "short_factor": [float(f) for f in layer.inverese_freq_short_factor],
+            "long_factor": [float(f) for f in layer.inverese_freq_long_factor],
+            "original_max_position_embeddings": int(layer.pretraining_sequence_length),
+            "max_position_embeddings": int(layer.max_sequence_length),
+        }
     if kind != "RotaryEmbedding":
         raise ExportError(f"{owner}: its RoPE layer {kind} is not one the export reads.")
     if layer.rope_type != "linear" or getattr(layer, "denominator_dim", None) is not None:
@@ -68,6 +76,14 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
 def exact_tables(head_dim: int, wavelength: float, scaling, max_length: int) -> Rope:
     """The package's tables: float64 angles, rounded once to float32."""
     parameters = rope_parameters(head_dim, wavelength, scaling)
+    switch = parameters.switch_length
+    if switch is not None and max_length > switch:
+        raise ExportError(
+            f"{scaling['rope_type']!r} RoPE (Phi-3's 'su') switches to its long factors once "
+            f"the total length passes {switch}, and the keys already cached keep the short "
+            "ones: no one cos/sin table (what GroupQueryAttention reads) gives those "
+            f"rotations. Export with max_length <= {switch}, where the table is exact."
+        )
     frequencies = FrequencyTable(parameters.inverse_frequencies, parameters.attention_factor)
     sin, cos = frequencies.host_sin_cos(np.arange(max_length))
     return Rope(cos=cos.astype(np.float32), sin=sin.astype(np.float32), interleaved=False)
