@@ -12,7 +12,6 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
-from keras_posenc.keras_hub.describe import is_keras_hub_causal_lm
 
 ATTENTIONS = ("gqa", "standard")
 
@@ -81,15 +80,12 @@ def save_decoder(
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
-    reference, slots = None, None
-    if is_keras_hub_causal_lm(model):
-        from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
-        decoder, reference, slots = (
-            describe_causal_lm(model, max_length),
-            keras_hub_greedy(model),
-            max_length,
-        )
+    reference, slots = None, None
+    if bridge.is_keras_hub_causal_lm(model):
+        decoder = bridge.describe_causal_lm(model, max_length)
+        reference, slots = bridge.keras_hub_greedy(model), max_length
     else:
         decoder = describe_decoder(model, max_length)
     onnx_model = decoder_onnx(decoder, attention)
