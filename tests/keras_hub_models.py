@@ -54,14 +54,12 @@ FAMILIES = {
         ),
     ),
     "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(head_dim=16)),
-    # Gemma 2's settings: the query scaled by width / heads, post norms, soft caps, a
-    # window of 16 on every other layer.
+    # Gemma 2's settings: post norms, soft caps, a window of 16 on every other layer.
     "gemma2": (
         "GemmaBackbone",
         "GemmaCausalLM",
         dict(
             head_dim=32,
-            query_head_dim_normalize=False,
             use_post_ffw_norm=True,
             use_post_attention_norm=True,
             attention_logit_soft_cap=3.0,

@@ -147,6 +147,8 @@ def test_refusals(tmp_path):
     # Past su's switch (128) a cached key keeps its short-factor rotation: no one table.
     with pytest.raises(ExportError, match="max_length <= 128"):
         describe_causal_lm(_tiny("phi3"), 129)
+    with pytest.raises(ExportError, match="query_head_dim_normalize=False"):
+        describe_causal_lm(tiny_causal_lm("gemma2", query_head_dim_normalize=False), 64)
     with pytest.raises(ExportError, match='dtype="float32"'):
         describe_causal_lm(tiny_causal_lm("llama", dtype="bfloat16"), 64)
     import keras_hub

@@ -56,6 +56,14 @@ def _attention(layer, max_length: int, owner: str) -> Attention:
 
 def gemma_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
     """`(Block, the layer's rotary layer)` of a Gemma or Gemma 3 decoder block."""
+    if layer.query_head_dim_normalize != layer.attention.query_head_dim_normalize:
+        raise ExportError(
+            f"{owner}: query_head_dim_normalize={layer.query_head_dim_normalize} is not "
+            "exported: keras_hub's decoder block keeps it but builds its attention with "
+            f"{layer.attention.query_head_dim_normalize} (the query is scaled by "
+            "1/sqrt(head_dim) whatever the config says), so the model and its config "
+            "differ. Set it to True to export what keras_hub computes."
+        )
     attention = _attention(layer.attention, max_length, owner)
     mlp = Mlp(
         kind="geglu",
