@@ -1,11 +1,11 @@
 """A keras_hub CausalLM's backbone read into the export's `Decoder` (weights and settings).
 
-The families share one layout (`backbone.token_embedding`, `transformer_layers[i]` with
-`_self_attention_layernorm`, `_self_attention_layer` (`_query_dense`, `_key_dense`,
-`_value_dense`, `_output_dense`, `rotary_embedding_layer`), `_feedforward_layernorm`,
-gate / intermediate / output Dense, and `backbone.layer_norm`); `FAMILIES` says what
-each one adds (biases, q/k norms, sliding windows). Anything else is refused with an
-error naming the class or the setting.
+Every family has `backbone.token_embedding` (a ReversibleEmbedding: the head is its
+table, tied, or its `reverse_embeddings`), `transformer_layers` and `backbone.layer_norm`.
+The Llama-style blocks (Llama, Llama 3, Mistral, Qwen2, Qwen3, Phi-3) share one layout
+under two spellings (`_LLAMA_NAMES`, `_PHI3_NAMES`); Gemma's are read in `gemma.py`.
+`FAMILIES` maps each class to its block reader (and so to what it adds: windows,
+biases, q/k norms); anything else is refused with an error naming the class or setting.
 """
 
 from __future__ import annotations
