@@ -3,9 +3,9 @@
 keras_hub's `RotaryEmbedding` recomputes its angles in float32 on every call
 (`float32(position) * float32(inverse_frequency)`, then `cos`/`sin` in float32); the
 export uses the package's tables (float64, rounded once to float32). `keras_hub_tables`
-reads the rows keras_hub's layer itself produces, by rotating unit vectors: the
+reads the rows keras_hub's layer itself produces, by rotating a probe vector: the
 bridge checks that the two agree to within float32's error of the angles (a setting
-read wrongly shows as a difference of order 1), and the tests measure what the
+read wrongly shows as a difference of order 1), and docs/keras_hub.md measures what the
 difference does to the logits.
 """
 
@@ -92,19 +92,18 @@ def exact_tables(head_dim: int, wavelength: float, scaling, max_length: int) -> 
 def keras_hub_tables(layer, head_dim: int, max_length: int) -> Rope:
     """The rows keras_hub's rotary `layer` uses for positions `0..max_length-1`.
 
-    Rotating the unit vector `e_j` (head `j` of a probe) gives `cos_j` at `j` and `sin_j`
-    at `j + head_dim / 2` (keras_hub rotates halves): products by 1 and 0, exact.
+    keras_hub rotates halves: `x·cos + [-x2, x1]·sin`. For the probe `x = [1…1, 0…0]`
+    that is `[cos_j, sin_j]`, each a product by 1 plus a product by 0: exact.
     """
     import keras
 
     half = head_dim // 2
-    probe = np.zeros((1, max_length, half, head_dim), np.float32)
-    probe[0, :, np.arange(half), np.arange(half)] = 1.0
-    rotated = keras.ops.convert_to_numpy(layer(probe, start_index=0))[0]
-    j = np.arange(half)
+    probe = np.zeros((1, max_length, 1, head_dim), np.float32)
+    probe[..., :half] = 1.0
+    rotated = keras.ops.convert_to_numpy(layer(probe, start_index=0))[0, :, 0]
     return Rope(
-        cos=np.ascontiguousarray(rotated[:, j, j], np.float32),
-        sin=np.ascontiguousarray(rotated[:, j, j + half], np.float32),
+        cos=np.ascontiguousarray(rotated[:, :half], np.float32),
+        sin=np.ascontiguousarray(rotated[:, half:], np.float32),
         interleaved=False,
     )
 
