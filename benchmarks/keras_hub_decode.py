@@ -5,13 +5,16 @@ MLP 768, vocabulary 1024, cache 1024; random weights), batch 1 and 4, one token 
 row at positions ~100 and ~900: the exported ONNX step (`keras_posenc`, onnxruntime,
 `intra_op_num_threads=1`, IOBinding with one buffer per layer bound as past and
 present, as in `decode_floor.py`) and keras_hub's `call_with_cache` under
-`tf.function(jit_compile=True)` (what its `generate()` compiles), interleaved in a
-random order per round in one process; median ms per step.
+`tf.function(jit_compile=True)` (what its `generate()` compiles), and the genai
+builder's graph of `gqa_reference.py` for a Llama-style step model of the same shapes
+(it reads keras_posenc layers, not keras_hub's: other weights, the same ops and sizes;
+a Llama-style MLP also against the Gemma), interleaved in a random order per round in
+one process; median ms per step.
 
     python -m benchmarks.keras_hub_decode [--rounds 40]
 
 The Llama graph is node for node the one `decode_floor.py` holds to 1.15x of the genai
-builder's (the same emitter); a Gemma adds the embedding Mul, GeGLU and nothing per step.
+builder's (the same emitter); a Gemma adds the embedding Mul and GeGLU's Gelu.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from benchmarks.decode_floor import MAX_LENGTH, VOCABULARY, Bound, _session  # noqa: E402
+from benchmarks.decode_floor import (  # noqa: E402
+    MAX_LENGTH,
+    SIZES,
+    VOCABULARY,
+    Bound,
+    _session,
+    step_model,
+)
 
 SIZE = dict(
     vocabulary_size=VOCABULARY,
@@ -75,11 +85,10 @@ class XlaStep:
         return time.perf_counter() - start
 
 
-def compare(family: str, model, session, batch: int, position: int, rounds: int) -> dict:
-    calls = {
-        "keras_posenc": Bound(session, batch, position, (KV_HEADS, MAX_LENGTH, HEAD_DIM)),
-        "keras_hub_xla": XlaStep(model, batch, position),
-    }
+def compare(family: str, model, sessions: dict, batch: int, position: int, rounds: int) -> dict:
+    kv_shape = (KV_HEADS, MAX_LENGTH, HEAD_DIM)
+    calls = {kind: Bound(session, batch, position, kv_shape) for kind, session in sessions.items()}
+    calls["keras_hub_xla"] = XlaStep(model, batch, position)
     for call in calls.values():
         call(), call()  # warm up (the XLA compilation)
     times = {kind: [] for kind in calls}
@@ -94,24 +103,33 @@ def compare(family: str, model, session, batch: int, position: int, rounds: int)
 def main(rounds: int = 40) -> list[dict]:
     import keras
 
+    from benchmarks.gqa_reference import reference_graph
     from keras_posenc.export.decoder import decoder_onnx
     from keras_posenc.keras_hub import describe_causal_lm
 
-    print("| family | batch | position | keras_posenc ONNX (ms) | keras_hub XLA (ms) | ratio |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    columns = "ONNX (ms) | reference GQA (ms) | keras_hub XLA (ms) | ONNX / reference | ONNX / XLA"
+    print(f"| family | batch | position | {columns} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    keras.utils.set_random_seed(0)
+    # The builder's graph of a Llama-style step model of the same shapes (gqa_reference
+    # reads keras_posenc layers): the same ops and sizes, other weights; times only.
+    reference = _session(reference_graph(step_model(SIZES["256x4"]), MAX_LENGTH))
     rows = []
     for family in ("llama", "gemma"):
         keras.utils.set_random_seed(0)
         model = causal_lm(family)
-        session = _session(decoder_onnx(describe_causal_lm(model, MAX_LENGTH)))
+        sessions = {
+            "keras_posenc": _session(decoder_onnx(describe_causal_lm(model, MAX_LENGTH))),
+            "reference": reference,
+        }
         for batch in (1, 4):
             for position in (100, 900):
-                row = compare(family, model, session, batch, position, rounds)
+                row = compare(family, model, sessions, batch, position, rounds)
                 rows.append(row)
-                ours, theirs = row["keras_posenc"], row["keras_hub_xla"]
+                ours, floor, xla = row["keras_posenc"], row["reference"], row["keras_hub_xla"]
                 print(
-                    f"| {family} | {batch} | {position} | {ours:.3f} | {theirs:.3f} | "
-                    f"{ours / theirs:.3f} |",
+                    f"| {family} | {batch} | {position} | {ours:.3f} | {floor:.3f} | {xla:.3f} "
+                    f"| {ours / floor:.3f} | {ours / xla:.3f} |",
                     flush=True,
                 )
     return rows
