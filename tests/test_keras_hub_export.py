@@ -163,6 +163,8 @@ def test_refusals(tmp_path):
             max_sequence_length=64,
         )
     )
+    with pytest.raises(ExportError, match="attention='gqa'"):
+        save_decoder(_tiny("qwen2"), tmp_path / "standard", max_length=64, attention="standard")
     with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
         save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
     assert not (tmp_path / "gpt2").exists()

@@ -10,7 +10,7 @@ from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
-from keras_posenc.export.errors import VerificationError
+from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
 
 ATTENTIONS = ("gqa", "standard")
@@ -84,6 +84,12 @@ def save_decoder(
 
     reference, slots = None, None
     if bridge.is_keras_hub_causal_lm(model):
+        if attention != "gqa":
+            raise ExportError(
+                f"A keras_hub {type(model).__name__} is exported with attention='gqa': the "
+                f"{attention!r} path does not write its families' settings yet (biases, q/k "
+                "norms, sliding windows, soft caps, post norms, per-layer RoPE tables)."
+            )
         decoder = bridge.describe_causal_lm(model, max_length)
         reference, slots = bridge.keras_hub_greedy(model), max_length
     else:
