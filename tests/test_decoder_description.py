@@ -9,6 +9,7 @@ import reference
 
 from keras_posenc import DecoderBlock, decoder_models
 from keras_posenc.export.decoder import describe_decoder
+from keras_posenc.export.decoder.description import optional_parts
 from keras_posenc.export.errors import ExportError
 
 LONGROPE = {
@@ -48,6 +49,9 @@ def test_kernels_and_heads():
     block = model.get_layer("b1")
     np.testing.assert_array_equal(decoder.blocks[1].mlp.down, block.down.kernel.numpy())
     assert decoder.head_bias is not None and decoder.num_layers == 2
+    # The package's own blocks use none of keras_hub's optional parts, so every emitter
+    # (GroupQueryAttention, standard ops, LiteRT) writes them whole.
+    assert optional_parts(decoder) == []
 
 
 def test_longrope_is_exact_below_its_switch_and_refused_past_it():

@@ -104,15 +104,22 @@ def failure_message(report: dict) -> str | None:
     return "The exported decoder does not generate as Keras does: " + "; ".join(failures) + "."
 
 
-def verify_decoder(step_model, runtimes: dict, max_length: int, vocabulary: int) -> dict:
+def verify_decoder(
+    step_model, runtimes: dict, max_length: int, vocabulary: int, reference=None
+) -> dict:
     """Runs every case in Keras and in each of `runtimes` (`name -> greedy(prompts, mask,
-    steps) -> (tokens, logits)`); returns the report (see `failure_message`)."""
+    steps) -> (tokens, logits)`); returns the report (see `failure_message`). `reference`,
+    a greedy function of the same form, replaces the step model's (`keras_greedy`) as what
+    the runtimes must match (a keras_hub CausalLM's own generation)."""
     from keras_posenc.export.decoder.greedy import keras_greedy
+
+    if reference is None:
+        reference = lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)  # noqa: E731
 
     report = {"tolerance": {"atol": ATOL, "rtol": RTOL}, "cases": []}
     for case in decoder_cases(vocabulary, max_length):
         prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
-        expected = keras_greedy(step_model, prompts, mask, steps)
+        expected = reference(prompts, mask, steps)
         results = {
             name: compare_greedy(expected, run(prompts, mask, steps), mask)
             for name, run in runtimes.items()

@@ -57,11 +57,24 @@ class Attention:
     key: np.ndarray  # (width, kv_num_heads * head_dim)
     value: np.ndarray  # (width, kv_num_heads * head_dim)
     output: np.ndarray  # (num_heads * head_dim, width)
+    # Optional parts (keras_hub's families; the package's own blocks have none of them).
+    query_bias: np.ndarray | None = None  # (num_heads * head_dim,), added before RoPE
+    key_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
+    value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
+    query_norm: Norm | None = None  # an RMSNorm over each head's head_dim, before RoPE
+    key_norm: Norm | None = None
+    # A query at position i attends to the keys at positions j with i - window < j <= i.
+    window: int | None = None
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) when > 0
+    rope: Rope | None = (
+        None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Mlp:
-    """`"swiglu"`: `down(silu(x @ gate) * (x @ up))`; `"gelu"`: `down(gelu_erf(x @ up))`."""
+    """`"swiglu"`: `down(silu(x @ gate) * (x @ up))`; `"gelu"`: `down(gelu_erf(x @ up))`;
+    `"geglu"`: `down(gelu_tanh(x @ gate) * (x @ up))` (Gemma)."""
 
     kind: str
     gate: np.ndarray | None
@@ -71,10 +84,15 @@ class Mlp:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
+    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP;
+    the post norms (Gemma 2 and 3) are optional."""
+
     attention_norm: Norm
     attention: Attention
     mlp_norm: Norm
     mlp: Mlp
+    post_attention_norm: Norm | None = None
+    post_mlp_norm: Norm | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +106,8 @@ class Decoder:
     head_bias: np.ndarray | None
     rope: Rope
     max_length: int
+    embedding_scale: float = 1.0  # the embedded tokens times this (Gemma: sqrt(width))
+    final_softcap: float = 0.0  # logits become cap * tanh(logits / cap) when > 0 (Gemma 2)
 
     @property
     def vocabulary(self) -> int:
@@ -105,6 +125,43 @@ class Decoder:
     def attention(self) -> Attention:
         """The first block's attention (every block has the same head counts)."""
         return self.blocks[0].attention
+
+
+def optional_parts(decoder: Decoder) -> list[str]:
+    """The optional parts `decoder` uses (keras_hub's families), by name; `[]` for the
+    package's own decoders. An emitter that does not write a part must refuse it."""
+    blocks = decoder.blocks
+    attentions = [block.attention for block in blocks]
+    used = {
+        "q/k/v biases": any(
+            a.query_bias is not None or a.key_bias is not None or a.value_bias is not None
+            for a in attentions
+        ),
+        "per-head q/k norms": any(
+            a.query_norm is not None or a.key_norm is not None for a in attentions
+        ),
+        "sliding windows": any(a.window is not None for a in attentions),
+        "attention soft caps": any(a.softcap for a in attentions),
+        "per-layer RoPE tables": any(a.rope is not None for a in attentions),
+        "post norms": any(
+            b.post_attention_norm is not None or b.post_mlp_norm is not None for b in blocks
+        ),
+        "GeGLU MLPs": any(b.mlp.kind == "geglu" for b in blocks),
+        "an embedding scale": decoder.embedding_scale != 1.0,
+        "a final logit soft cap": bool(decoder.final_softcap),
+    }
+    return [name for name, present in used.items() if present]
+
+
+def refuse_optional_parts(decoder: Decoder, emitter: str) -> None:
+    """An ExportError naming the optional parts of `decoder` that `emitter` cannot write."""
+    parts = optional_parts(decoder)
+    if parts:
+        raise ExportError(
+            f"The {emitter} does not write {', '.join(parts)} yet, which this decoder has "
+            "(a keras_hub family's settings); export it with attention='gqa' and "
+            "formats=('onnx',)."
+        )
 
 
 def _array(variable) -> np.ndarray:

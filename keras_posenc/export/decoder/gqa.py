@@ -22,6 +22,7 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.projection import attention_inputs
 from keras_posenc.export.errors import ExportError
 
 
@@ -60,9 +61,7 @@ class GqaAttention:
         width = g.node("Shape", [attention_mask], start=1, end=2)
         total_length = g.node("Squeeze", [width, g.constant([0], i64)])
         self.total_length = g.node("Cast", [total_length], to=6)
-        rope = self.decoder.rope
-        self.cos = g.initializer("cos_cache", rope.cos)
-        self.sin = g.initializer("sin_cache", rope.sin)
+        self._tables = {}  # id(Rope) -> (cos, sin) initializers, one pair per distinct table
         # The new tokens turned around so that each row's padding comes last.
         length = g.node("Shape", [input_ids], start=1, end=2)  # (1,)
         new_mask = g.node(
@@ -95,22 +94,25 @@ class GqaAttention:
         index = g.node("Expand", [self._back, g.node("Shape", [hidden])])
         return g.node("GatherElements", [hidden, index], axis=1)
 
+    def _cos_sin(self, g: GraphBuilder, rope) -> tuple[str, str]:
+        if id(rope) not in self._tables:
+            self._tables[id(rope)] = (
+                g.initializer("cos_cache", rope.cos),
+                g.initializer("sin_cache", rope.sin),
+            )
+        return self._tables[id(rope)]
+
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
         """One layer's attention output; writes `present.{i}.key|value`."""
-        packed = np.concatenate([attention.query, attention.key, attention.value], axis=1)
-        qkv = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.attn.qkv_proj", packed)])
         output = g.node(
             "GroupQueryAttention",
             [
-                qkv,
-                "",
-                "",
+                *attention_inputs(g, i, hidden, attention),
                 f"past_key_values.{i}.key",
                 f"past_key_values.{i}.value",
                 self.seqlens_k,
                 self.total_length,
-                self.cos,
-                self.sin,
+                *self._cos_sin(g, attention.rope or self.decoder.rope),
             ],
             [g.name(f"layers.{i}.attn"), f"present.{i}.key", f"present.{i}.value"],
             domain=MICROSOFT,
@@ -119,7 +121,8 @@ class GqaAttention:
             scale=attention.scale,
             do_rotary=1,
             rotary_interleaved=int(self.decoder.rope.interleaved),
-            local_window_size=-1,
+            local_window_size=-1 if attention.window is None else attention.window,
+            softcap=attention.softcap,
         )[0]
         return g.node(
             "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]

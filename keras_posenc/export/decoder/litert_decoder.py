@@ -28,7 +28,13 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
-from keras_posenc.export.decoder.description import Attention, Decoder, Mlp, Norm
+from keras_posenc.export.decoder.description import (
+    Attention,
+    Decoder,
+    Mlp,
+    Norm,
+    refuse_optional_parts,
+)
 from keras_posenc.export.errors import ExportError
 
 SIGNATURES = ("prefill", "decode")
@@ -44,6 +50,7 @@ class DecoderModule(tf.Module):
     """The `prefill` and `decode` functions of a `Decoder` (see the module docstring)."""
 
     def __init__(self, decoder: Decoder):
+        refuse_optional_parts(decoder, "LiteRT decoder (formats=('litert',))")
         super().__init__(name="decoder")
         self.decoder = decoder
         first = decoder.attention

@@ -51,6 +51,9 @@ def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
         gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
         hidden = g.node("Mul", [silu, up])
+    elif mlp.kind == "geglu":  # Gemma: tanh-approximated GELU of the gate, times up
+        gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
+        hidden = g.node("Mul", [g.node("Gelu", [gate], approximate="tanh"), up])
     else:
         hidden = g.node("Gelu", [up], domain="" if g.standard else MICROSOFT)
     return g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.down_proj", mlp.down)])
@@ -107,16 +110,24 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
     ids = attend.prepare(g, "input_ids", "attention_mask")
     x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    if decoder.embedding_scale != 1.0:
+        x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
     first = decoder.blocks[0].attention_norm
     hidden = _norm(g, x, first.scale, first.epsilon, "layers.0.input_layernorm")
     residual = x
     for i, block in enumerate(decoder.blocks):
         attended = attend.layer(g, i, hidden, block.attention)
+        if block.post_attention_norm is not None:
+            post = block.post_attention_norm
+            attended = _norm(g, attended, post.scale, post.epsilon, f"layers.{i}.post_attn_norm")
         norm = block.mlp_norm
         hidden, residual = _skip_norm(
             g, attended, residual, norm.scale, norm.epsilon, f"layers.{i}.post_attention_layernorm"
         )
         mlp_out = _mlp(g, i, hidden, block.mlp)
+        if block.post_mlp_norm is not None:
+            post = block.post_mlp_norm
+            mlp_out = _norm(g, mlp_out, post.scale, post.epsilon, f"layers.{i}.post_mlp_norm")
         if i + 1 < decoder.num_layers:
             norm, name = decoder.blocks[i + 1].attention_norm, f"layers.{i + 1}.input_layernorm"
         else:
@@ -124,11 +135,14 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
     hidden = attend.finish(g, hidden)
     head = g.initializer("lm_head", decoder.head)
-    if decoder.head_bias is None:
-        g.node("MatMul", [hidden, head], ["logits"])
-    else:
-        logits = g.node("MatMul", [hidden, head])
-        g.node("Add", [logits, g.initializer("lm_head.bias", decoder.head_bias)], ["logits"])
+    capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None
+    logits = g.node("MatMul", [hidden, head], 1 if biased or capped else ["logits"])
+    if biased:
+        bias = g.initializer("lm_head.bias", decoder.head_bias)
+        logits = g.node("Add", [logits, bias], 1 if capped else ["logits"])
+    if capped:
+        cap = g.constant(decoder.final_softcap, np.float32)
+        g.node("Mul", [g.node("Tanh", [g.node("Div", [logits, cap])]), cap], ["logits"])
     inputs, outputs = interface(decoder)
     model = g.model(inputs, outputs, opset, contrib=not g.standard)
     check(model)

@@ -51,7 +51,9 @@ def save_decoder(
 
     `model` is a step model made as `keras_posenc.decoder_models` makes it (Embedding,
     `DecoderBlock`s, RMSNormalization, Dense head; anything else is refused with an
-    error naming the layer). The ONNX file has onnxruntime-genai's decoder interface
+    error naming the layer), or a keras_hub CausalLM of the families
+    `keras_posenc.keras_hub` reads (verified against keras_hub's own greedy generation;
+    docs/keras_hub.md). The ONNX file has onnxruntime-genai's decoder interface
     (`input_ids`, `attention_mask` -> `logits`, `past_key_values.{i}.key|value` ->
     `present.{i}.key|value` of shape `(batch, num_key_value_heads, max_length, head_dim)`,
     one buffer per layer bound as both); a token's position is the count of 1s before it
@@ -98,8 +100,15 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    model, _ = exportable_model(model, bfloat16)
-    decoder = describe_decoder(model, max_length)
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
+
+    reference, slots = None, None
+    if bridge.is_keras_hub_causal_lm(model):
+        decoder = bridge.describe_causal_lm(model, max_length)
+        reference, slots = bridge.keras_hub_greedy(model), max_length
+    else:
+        model, _ = exportable_model(model, bfloat16)
+        decoder = describe_decoder(model, max_length)
     files = {}
     if "onnx" in formats:
         files["model.onnx"] = decoder_onnx(decoder, attention)
@@ -121,7 +130,7 @@ def save_decoder(
                 (staging / name).write_bytes(content)
         report = {}
         if verify:
-            keras_slots = model.inputs[1].shape[3]
+            keras_slots = slots or model.inputs[1].shape[3]
             runtimes = {}
             if "onnx" in formats:
                 runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
@@ -131,7 +140,7 @@ def save_decoder(
                     path, prompts, mask, steps
                 )
             report = verify_decoder(
-                model, runtimes, min(max_length, keras_slots), decoder.vocabulary
+                model, runtimes, min(max_length, keras_slots), decoder.vocabulary, reference
             )
             report["attention"] = attention
             report["formats"] = list(formats)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc.export.decoder.description import Attention, Decoder
+from keras_posenc.export.decoder.description import Attention, Decoder, refuse_optional_parts
 from keras_posenc.export.decoder.graph import GraphBuilder
 
 STANDARD_OPSET = 23
@@ -35,6 +35,7 @@ class StandardAttention:
     """Emits the graph's mask-derived inputs once, then one attention per layer."""
 
     def __init__(self, decoder: Decoder):
+        refuse_optional_parts(decoder, "standard-op graph (attention='standard')")
         self.decoder = decoder
 
     def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:

@@ -1,0 +1,91 @@
+"""Greedy generation by keras_hub itself: the reference a keras_hub export is verified against.
+
+keras_hub keeps each row's tokens from cache slot 0 (its preprocessors pad on the right)
+and generates as its `generate()` does: the prompt in one `call_with_cache`, then one
+token per call from the shortest prompt's end on, a row taking its own prompt token
+where it still has one and the argmax of its last logits after. The results are put in
+the layout of `keras_posenc.export.decoder.greedy` (prompts padded on the left), so
+`check.compare_greedy` compares them with an ONNX run as it compares a step model's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _cached_call(causal_lm, cache):
+    """`call_with_cache`, traced once for every batch, length and slot under TensorFlow."""
+    import keras
+
+    if keras.config.backend() != "tensorflow":
+        return causal_lm.call_with_cache
+    import tensorflow as tf
+
+    def spec(tensor):
+        return tf.TensorSpec([None] * len(tensor.shape), tensor.dtype)
+
+    signature = [
+        tf.TensorSpec([None, None], tf.int32),
+        tf.nest.map_structure(spec, cache),
+        tf.TensorSpec([], tf.int32),
+    ]
+    return tf.function(causal_lm.call_with_cache, input_signature=signature)
+
+
+def _empty_cache(causal_lm, batch: int, slots: int):
+    """keras_hub's cache: `(batch, num_layers, 2, slots, kv_heads, head_dim)`, or for
+    Gemma 3 a `(key, value)` pair of `(batch, slots, kv_heads, head_dim)` per layer."""
+    import keras
+
+    backbone = causal_lm.backbone
+    head_dim = getattr(backbone, "head_dim", None) or (
+        backbone.hidden_dim // backbone.num_query_heads
+    )
+    shape = (batch, slots, backbone.num_key_value_heads, head_dim)
+    if type(causal_lm).__name__ == "Gemma3CausalLM":
+        zeros = keras.ops.zeros
+        return tuple((zeros(shape), zeros(shape)) for _ in range(backbone.num_layers))
+    return keras.ops.zeros((batch, backbone.num_layers, 2, *shape[1:]))
+
+
+def keras_hub_greedy(causal_lm):
+    """`greedy(prompts, mask, steps) -> (tokens, logits)` of keras_hub `causal_lm` (see
+    the module docstring); prompts `(batch, prompt)` padded on the left (`mask` 0)."""
+    import keras
+
+    backbone = causal_lm.backbone
+    traced = []  # the traced call, made at the first generation
+
+    def greedy(prompts: np.ndarray, mask: np.ndarray, steps: int):
+        batch, width = prompts.shape
+        lengths = mask.astype(bool).sum(axis=1)
+        total = width + steps
+        tokens = np.zeros((batch, total), np.int32)
+        for row, length in enumerate(lengths):
+            tokens[row, :length] = prompts[row, width - length :]
+        cache = _empty_cache(causal_lm, batch, total)
+        if not traced:
+            traced.append(_cached_call(causal_lm, cache))
+        call = traced[0]
+        logits = np.zeros((batch, total, backbone.vocabulary_size), np.float32)
+        start = keras.ops.convert_to_tensor(0, "int32")
+        out, _, cache = call(keras.ops.convert_to_tensor(tokens[:, :width]), cache, start)
+        logits[:, :width] = keras.ops.convert_to_numpy(out)
+        for slot in range(int(lengths.min()), total):
+            generated = slot >= lengths
+            tokens[generated, slot] = np.argmax(logits[generated, slot - 1], axis=-1)
+            index = keras.ops.convert_to_tensor(slot, "int32")
+            out, _, cache = call(
+                keras.ops.convert_to_tensor(tokens[:, slot : slot + 1]), cache, index
+            )
+            logits[:, slot] = keras.ops.convert_to_numpy(out)[:, 0]
+        # Back to the left-padded layout: step s of row r is slot length_r - 1 + s.
+        prompt_logits = np.zeros((batch, width, logits.shape[-1]), np.float32)
+        slots = np.stack([lengths - 1 + s for s in range(steps + 1)], axis=1)  # (batch, steps+1)
+        for row, length in enumerate(lengths):
+            prompt_logits[row, width - length :] = logits[row, :length]
+        step_logits = logits[np.arange(batch)[:, None], slots]  # (batch, steps+1, vocabulary)
+        out_tokens = np.argmax(step_logits, axis=-1)
+        return out_tokens, [prompt_logits, *step_logits[:, 1:].transpose(1, 0, 2)]
+
+    return greedy

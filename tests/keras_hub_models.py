@@ -1,0 +1,118 @@
+"""Tiny random keras_hub CausalLMs of each family the bridge reads (nothing downloaded).
+
+Backbones are built from configs and their weights redrawn at scales that make the
+logits of order 1 and the attention far from uniform (keras_hub's initialisers give
+logits of order 1e-3, where a wrong position would hardly move a token): kernels
+N(0, 1/fan_in) (the embeddings N(0, 1),
+or N(0, 1/width) where the head reads them), norm scales 1 + N(0, 0.2²) (Gemma's
+`1 + scale` too), biases N(0, 0.5²).
+"""
+
+from __future__ import annotations
+
+import keras_hub
+import numpy as np
+
+VOCABULARY, MAX_LENGTH = 100, 128
+COMMON = dict(
+    vocabulary_size=VOCABULARY,
+    num_layers=2,
+    num_query_heads=4,
+    hidden_dim=64,
+    intermediate_dim=96,
+    num_key_value_heads=2,
+)
+# Family -> (backbone class, CausalLM class, backbone options).
+FAMILIES = {
+    "llama": ("LlamaBackbone", "LlamaCausalLM", {}),
+    "llama3": (
+        "Llama3Backbone",
+        "Llama3CausalLM",
+        # pretraining length 32: the llama3 blend changes frequencies of wavelength 8-32.
+        dict(
+            rope_frequency_adjustment_factor=8.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_pretraining_sequence_length=32,
+        ),
+    ),
+    # A window of 16 slots: the 72 positions the verification covers pass it.
+    "mistral": ("MistralBackbone", "MistralCausalLM", dict(sliding_window=16)),
+    "qwen2": ("Qwen2Backbone", "Qwen2CausalLM", dict(rope_scaling_factor=2.0)),
+    "qwen3": ("Qwen3Backbone", "Qwen3CausalLM", dict(head_dim=16, tie_word_embeddings=False)),
+    # su (longrope) scaling, exact up to its switch at 128: short factors, attention
+    # factor sqrt(1 + ln(512 / 128) / ln(128)).
+    "phi3": (
+        "Phi3Backbone",
+        "Phi3CausalLM",
+        dict(
+            rope_scaling_type="su",
+            rope_scaling_short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 4.0],
+            rope_scaling_long_factor=[1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+            max_sequence_length=512,
+            pretraining_sequence_length=128,
+        ),
+    ),
+    "gemma": ("GemmaBackbone", "GemmaCausalLM", dict(head_dim=16)),
+    # Gemma 2's settings: post norms, soft caps, a window of 16 on every other layer.
+    "gemma2": (
+        "GemmaBackbone",
+        "GemmaCausalLM",
+        dict(
+            head_dim=32,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=3.0,
+            final_logit_soft_cap=2.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+        ),
+    ),
+    # Six layers: five local (RoPE base 1e4, window 16), one global (base 1e6, scaled by 4).
+    "gemma3": (
+        "Gemma3Backbone",
+        "Gemma3CausalLM",
+        dict(
+            image_size=16,  # required, unused without a vision encoder
+            num_layers=6,
+            hidden_dim=32,
+            intermediate_dim=64,
+            head_dim=16,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            use_sliding_window_attention=True,
+            sliding_window_size=16,
+            global_rope_scaling_factor=4.0,
+        ),
+    ),
+}
+
+
+def redraw(backbone, seed: int = 0) -> None:
+    """The backbone's weights redrawn at the scales of the module docstring."""
+    rng = np.random.default_rng(seed)
+    gemma = type(backbone).__name__.startswith("Gemma")
+    for weight in backbone.weights:
+        shape = tuple(weight.shape)
+        if weight.path.endswith("scale"):  # Gemma's norms multiply by 1 + scale
+            value = (0 if gemma else 1) + 0.2 * rng.standard_normal(shape)
+        elif weight.path.endswith("bias"):
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            if weight.path.endswith("/embeddings"):  # a tied head reads them as a kernel
+                fan_in = shape[1] if backbone.token_embedding.tie_weights else 1
+            elif "attention_output" in weight.path:
+                fan_in = shape[0] * shape[1]
+            elif len(shape) == 3:  # q/k/v kernels: (width, heads, head_dim) or Gemma's
+                fan_in = backbone.hidden_dim  # (heads, width, head_dim)
+            else:
+                fan_in = shape[0]
+            value = rng.standard_normal(shape) / np.sqrt(fan_in)
+        weight.assign(value.astype(np.float32))
+
+
+def tiny_causal_lm(family: str, seed: int = 0, **options):
+    backbone_class, causal_lm_class, defaults = FAMILIES[family]
+    backbone = getattr(keras_hub.models, backbone_class)(**{**COMMON, **defaults, **options})
+    redraw(backbone, seed)
+    return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)

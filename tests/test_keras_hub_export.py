@@ -1,0 +1,183 @@
+"""keras_hub CausalLMs through `save_decoder`, verified against keras_hub itself.
+
+Each family's tiny random model (`keras_hub_models.py`) is exported and must generate
+keras_hub's greedy tokens over 64 steps, batch 1 and a left-padded batch 4, with logits
+within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder). The
+reference, keras_hub's `call_with_cache` driven as `generate()` drives it, is checked
+against `generate()` itself; the settings each family adds (the sliding window, the
+biases, the q/k norms, soft caps, Gemma 3's global RoPE, llama3 scaling) are checked to
+matter: dropped, the tokens change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import onnxruntime
+import pytest
+from keras_hub_models import FAMILIES, MAX_LENGTH, VOCABULARY, tiny_causal_lm
+
+from keras_posenc.export import save_decoder
+from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
+from keras_posenc.export.errors import ExportError
+from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
+
+
+@functools.cache
+def _tiny(family: str):
+    """One model per family for the tests that only read it."""
+    return tiny_causal_lm(family)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_generates_as_keras_hub(tmp_path, family):
+    causal_lm = _tiny(family)
+    report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH)
+    assert report["passed"]
+    assert [case["steps"] for case in report["cases"]] == [64, 64]
+    for case in report["cases"]:
+        result = case["runtimes"]["onnxruntime"]
+        assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
+    config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
+    assert config["model"]["vocab_size"] == VOCABULARY
+    assert config["model"]["context_length"] == MAX_LENGTH
+
+
+def _onnx_run(decoder, case):
+    model = decoder_onnx(decoder)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return onnx_greedy(session, case["prompts"], case["mask"], case["steps"], MAX_LENGTH)
+
+
+def _without(decoder, **changes):
+    """`decoder` with every attention's fields replaced by `changes`."""
+    blocks = tuple(
+        dataclasses.replace(block, attention=dataclasses.replace(block.attention, **changes))
+        for block in decoder.blocks
+    )
+    return dataclasses.replace(decoder, blocks=blocks)
+
+
+@pytest.mark.parametrize(
+    "family, dropped",
+    [
+        ("mistral", {"window": None}),
+        ("qwen2", {"query_bias": None, "key_bias": None, "value_bias": None}),
+        ("qwen3", {"query_norm": None, "key_norm": None}),
+        ("gemma2", {"softcap": 0.0}),
+        ("gemma2", {"window": None}),
+        ("gemma3", {"rope": None}),  # the global layer's tables: the local layers' instead
+        ("gemma3", {"query_norm": None, "key_norm": None}),
+    ],
+)
+def test_each_setting_matters(family, dropped):
+    """Dropped from the export, the family's own setting changes the tokens: the
+    verification above would catch it being read or written wrongly."""
+    causal_lm = _tiny(family)
+    # 24 steps: positions to 31, past the windows of 16.
+    case = {**decoder_cases(VOCABULARY, MAX_LENGTH)[1], "steps": 24}
+    expected = keras_hub_greedy(causal_lm)(case["prompts"], case["mask"], case["steps"])
+    decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
+    assert compare_greedy(expected, _onnx_run(decoder, case), case["mask"])["passed"]
+    broken = compare_greedy(expected, _onnx_run(_without(decoder, **dropped), case), case["mask"])
+    assert not broken["same_tokens"]
+
+
+def test_llama3_scaling_matters():
+    causal_lm = _tiny("llama3")
+    plain = tiny_causal_lm(
+        "llama3",
+        rope_frequency_adjustment_factor=None,
+        rope_low_freq_factor=None,
+        rope_high_freq_factor=None,
+        rope_pretraining_sequence_length=None,
+    )
+    scaled = describe_causal_lm(causal_lm, MAX_LENGTH).rope
+    unscaled = describe_causal_lm(plain, MAX_LENGTH).rope
+    assert np.abs(scaled.cos - unscaled.cos).max() > 0.1
+
+
+def test_reference_is_keras_hub_generate():
+    """The reference's tokens are those of keras_hub's own `generate` (greedy sampler,
+    its compiled generate function), for prompts of different lengths in one batch (the
+    reference is one driver for every family; Mistral's has a window to pass)."""
+    causal_lm = tiny_causal_lm("mistral")
+    causal_lm.compile(sampler="greedy")
+    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
+    prompts, mask, steps = case["prompts"], case["mask"], 20
+    tokens, _ = keras_hub_greedy(causal_lm)(prompts, mask, steps)
+    width = prompts.shape[1]
+    token_ids = np.zeros((len(prompts), width + steps + 1), np.int32)
+    padding = np.zeros_like(token_ids, dtype=bool)
+    for row, length in enumerate(mask.sum(axis=1)):
+        token_ids[row, :length] = prompts[row, width - length :]
+        padding[row, :length] = True
+    generate = causal_lm.make_generate_function()
+    out = generate({"token_ids": token_ids, "padding_mask": padding}, None)
+    generated = keras.ops.convert_to_numpy(out["token_ids"])
+    for row, length in enumerate(mask.sum(axis=1)):
+        np.testing.assert_array_equal(generated[row, length : length + steps + 1], tokens[row])
+
+
+def test_exact_tables_are_the_float64_angles_and_keras_hub_differs():
+    """The export's tables are float64 angles rounded once (numpy here); keras_hub's
+    float32 recomputation is off by more than that rounding, within float32's error."""
+    causal_lm = _tiny("mistral")
+    exact = describe_causal_lm(causal_lm, MAX_LENGTH).rope
+    keras_hub = describe_causal_lm(causal_lm, MAX_LENGTH, tables="keras_hub").rope
+    inverse = 10000.0 ** (-np.arange(0, 16, 2, dtype=np.float64) / 16)
+    angles = np.arange(MAX_LENGTH, dtype=np.float64)[:, None] * inverse
+    np.testing.assert_array_equal(exact.cos, np.cos(angles).astype(np.float32))
+    np.testing.assert_array_equal(exact.sin, np.sin(angles).astype(np.float32))
+    difference = np.abs(keras_hub.cos.astype(np.float64) - np.cos(angles)).max()
+    assert 2.0**-24 < difference < MAX_LENGTH * 2.0**-20
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(ExportError, match="rope_position_scaling_factor"):
+        describe_causal_lm(tiny_causal_lm("llama", rope_position_scaling_factor=2.0), 64)
+    # Past su's switch (128) a cached key keeps its short-factor rotation: no one table.
+    with pytest.raises(ExportError, match="max_length <= 128"):
+        describe_causal_lm(_tiny("phi3"), 129)
+    with pytest.raises(ExportError, match="query_head_dim_normalize=False"):
+        describe_causal_lm(tiny_causal_lm("gemma2", query_head_dim_normalize=False), 64)
+    with pytest.raises(ExportError, match='dtype="float32"'):
+        describe_causal_lm(tiny_causal_lm("llama", dtype="bfloat16"), 64)
+    import keras_hub
+
+    gpt2 = keras_hub.models.GPT2CausalLM(
+        backbone=keras_hub.models.GPT2Backbone(
+            vocabulary_size=50,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=32,
+            intermediate_dim=32,
+            max_sequence_length=64,
+        )
+    )
+    # Qwen2's biases are a part only the GroupQueryAttention graph writes.
+    with pytest.raises(ExportError, match="standard-op graph .* does not write q/k/v biases"):
+        save_decoder(_tiny("qwen2"), tmp_path / "standard", max_length=64, attention="standard")
+    with pytest.raises(ExportError, match="LiteRT decoder .* does not write q/k/v biases"):
+        save_decoder(_tiny("qwen2"), tmp_path / "litert", max_length=64, formats=("litert",))
+    assert not (tmp_path / "standard").exists() and not (tmp_path / "litert").exists()
+    with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
+        save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
+    assert not (tmp_path / "gpt2").exists()
+
+
+def test_keras_hub_is_not_imported_by_the_package():
+    # The bridge first: it imports the export package, which imports it back lazily.
+    code = (
+        "import sys, keras_posenc.keras_hub, keras_posenc, keras_posenc.export; "
+        "assert 'keras_hub' not in sys.modules, 'keras_hub imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
