@@ -100,15 +100,7 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
-
-    reference, slots = None, None
-    if bridge.is_keras_hub_causal_lm(model):
-        decoder = bridge.describe_causal_lm(model, max_length)
-        reference, slots = bridge.keras_hub_greedy(model), max_length
-    else:
-        model, _ = exportable_model(model, bfloat16)
-        decoder = describe_decoder(model, max_length)
+    model, decoder, reference, slots = _described(model, max_length, bfloat16)
     files = {}
     if "onnx" in formats:
         files["model.onnx"] = decoder_onnx(decoder, attention)
@@ -118,29 +110,15 @@ def save_decoder(
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
     with whole_or_nothing(folder, kind="folder") as staging:
-        staging.mkdir(parents=True, exist_ok=True)
-        import onnx
-
-        for name, content in files.items():
-            if name.endswith(".onnx"):
-                onnx.save_model(content, staging / name)
-            elif name.endswith(".json"):
-                write_json(content, staging / name)
-            else:
-                (staging / name).write_bytes(content)
+        _write(files, staging)
         report = {}
         if verify:
-            keras_slots = slots or model.inputs[1].shape[3]
-            runtimes = {}
-            if "onnx" in formats:
-                runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
-            if "litert" in formats:
-                path = staging / "model.tflite"
-                runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(
-                    path, prompts, mask, steps
-                )
             report = verify_decoder(
-                model, runtimes, min(max_length, keras_slots), decoder.vocabulary, reference
+                model,
+                _runtimes(staging, formats, max_length),
+                min(max_length, slots),
+                decoder.vocabulary,
+                reference,
             )
             report["attention"] = attention
             report["formats"] = list(formats)
@@ -151,3 +129,40 @@ def save_decoder(
             write_json(report, staging / "verification.json")
     failed_report_path(folder).unlink(missing_ok=True)
     return report
+
+
+def _described(model, max_length: int, bfloat16: str):
+    """`(model, decoder, reference, slots)`: the model verified against (a float32 copy of a
+    bfloat16 one), its description, the greedy reference (None: Keras's step model) and the
+    cache slots the reference holds."""
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
+
+    if bridge.is_keras_hub_causal_lm(model):
+        decoder = bridge.describe_causal_lm(model, max_length)
+        return model, decoder, bridge.keras_hub_greedy(model), max_length
+    model, _ = exportable_model(model, bfloat16)
+    return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
+
+
+def _write(files: dict, staging: Path) -> None:
+    import onnx
+
+    staging.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        if name.endswith(".onnx"):
+            onnx.save_model(content, staging / name)
+        elif name.endswith(".json"):
+            write_json(content, staging / name)
+        else:
+            (staging / name).write_bytes(content)
+
+
+def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
+    """One greedy runner per file written, by runtime name."""
+    runtimes = {}
+    if "onnx" in formats:
+        runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
+    if "litert" in formats:
+        path = staging / "model.tflite"
+        runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
+    return runtimes
