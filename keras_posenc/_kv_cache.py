@@ -235,10 +235,17 @@ def checked_cache_mask(cache_mask, max_length: int):
     return cache_mask
 
 
-def checked_attention_mask(attention_mask, steps, max_length: int):
-    """`attention_mask` with a cache: None, or `(batch, steps, max_length)` over the slots."""
+def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length: int):
+    """`(attention_mask, validity)` with a cache: the mask `(batch, steps, max_length)` over
+    the slots as a tensor (or None), and None or a scalar validity tensor of its shape.
+
+    Sizes known now are checked now (`queries` gives the batch). Sizes known only at run
+    time are asserted in a graph; since the converters drop assertions and a boolean mask
+    cannot carry NaN, the caller folds the validity into its NaN selection: a mask of other
+    steps would otherwise broadcast over the queries, or another batch over the rows.
+    """
     if attention_mask is None:
-        return None
+        return None, None
     attention_mask = tf.convert_to_tensor(attention_mask)
     shape = attention_mask.shape
     known_steps = steps if isinstance(steps, int) else None
@@ -250,24 +257,30 @@ def checked_attention_mask(attention_mask, steps, max_length: int):
             f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
             f"{max_length}): one entry per new query and cache slot, got {shape}."
         )
-    if (shape[1] is None or shape[2] is None) and not tf.executing_eagerly():
-        # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
-        # the queries, which eagerly is refused above.
-        sizes = tf.shape(attention_mask)[1:]
-        fits = tf.reduce_all(tf.equal(sizes, tf.stack([tf.cast(steps, tf.int32), max_length])))
+    batch = queries.shape[0]
+    if shape[0] is not None and batch is not None and shape[0] != batch:
+        raise ValueError(
+            f"attention_mask has batch {shape[0]} but the queries {batch}: give one "
+            f"(steps, max_length) mask per row, (batch, {known_steps or 'steps'}, {max_length})."
+        )
+    if None not in (shape[0], batch, shape[1], known_steps):
+        return attention_mask, None
+    # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
+    # the queries (a batch-1 one over the rows), which eagerly is refused above.
+    sizes = tf.shape(attention_mask)
+    wanted = tf.stack([tf.shape(queries)[0], tf.cast(steps, tf.int32), max_length])
+    fits = tf.reduce_all(tf.equal(sizes, wanted))
+    if not tf.executing_eagerly():
         fits = _asserted(
             fits,
             [
                 "attention_mask with a cache must be (batch, steps, max_length): one entry "
-                "per new query and cache slot. Its steps and slots, then the wanted ones:",
+                "per row, new query and cache slot. Its sizes, then the wanted ones:",
                 sizes,
-                steps,
-                max_length,
+                wanted,
             ],
         )
-        with tf.control_dependencies([fits]):
-            attention_mask = tf.identity(attention_mask)
-    return attention_mask
+    return attention_mask, fits
 
 
 def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:

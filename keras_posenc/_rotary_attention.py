@@ -306,9 +306,12 @@ class RotaryAttention:
         valid = checked_slots(index, new, max_length)
         cache_mask = checked_cache_mask(cache_mask, max_length)
         same_batch = checked_batches(cache, query_heads, cache_mask)
-        if same_batch is not None:
-            valid = same_batch if valid is None else valid & same_batch
-        attention_mask = checked_attention_mask(attention_mask, steps, max_length)
+        attention_mask, mask_fits = checked_attention_mask(
+            attention_mask, query_heads, steps, max_length
+        )
+        for validity in (same_batch, mask_fits):
+            if validity is not None:
+                valid = validity if valid is None else valid & validity
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = positions_from_mask(cache_mask)
