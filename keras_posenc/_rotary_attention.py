@@ -43,11 +43,24 @@ OLD_ROPE_NAMES = {
     "rotary_dim": "rope_dim",
     "rotary_scaling": "rope_scaling",
 }
+# Each `rope_*` option of the attention layers: the `RotaryEmbedding` argument it is.
+ROPE_OPTIONS = {
+    "rope_max_wavelength": "max_wavelength",
+    "rope_layout": "layout",
+    "rope_dim": "rotary_dim",
+    "rope_scaling": "scaling",
+    "rope_axes_dims": "axes_dims",
+    "rope_mrope_section": "mrope_section",
+    "rope_mrope_interleaved": "mrope_interleaved",
+}
 ROPE_DEFAULTS = {
     "rope_max_wavelength": 10000.0,
     "rope_layout": "half",
     "rope_dim": None,
     "rope_scaling": None,
+    "rope_axes_dims": None,
+    "rope_mrope_section": None,
+    "rope_mrope_interleaved": False,
 }
 
 
@@ -96,10 +109,7 @@ class RotaryAttention:
 
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
         self.rotary_embedding = RotaryEmbedding(
-            max_wavelength=options["rope_max_wavelength"],
-            layout=options["rope_layout"],
-            rotary_dim=options["rope_dim"],
-            scaling=options["rope_scaling"],
+            **{ROPE_OPTIONS[name]: value for name, value in options.items()},
             sequence_axis=1,
             feature_axis=-1,
             dtype=self.dtype_policy,
@@ -125,10 +135,7 @@ class RotaryAttention:
         rope = self.rotary_embedding
         return {
             **super().get_config(),
-            "rope_max_wavelength": rope.max_wavelength,
-            "rope_layout": rope.layout,
-            "rope_dim": rope.rotary_dim,
-            "rope_scaling": rope.scaling,
+            **{name: getattr(rope, option) for name, option in ROPE_OPTIONS.items()},
             "positions_from_mask": self.positions_from_mask,
         }
 
@@ -232,15 +239,23 @@ class RotaryAttention:
             query_mask = masks["query_mask"]
             own_key_mask = masks["key_mask"] if key_given else masks["value_mask"]
             if query_positions is None and query_mask is not None:
-                query_positions = positions_from_mask(query_mask, query_start)
+                query_positions = self._on_every_axis(positions_from_mask(query_mask, query_start))
                 query_start = 0
             if key_positions is None and own_key_mask is not None:
                 if own_key_mask is query_mask and key_start is query_start:
                     key_positions = query_positions
                 else:
-                    key_positions = positions_from_mask(own_key_mask, key_start)
+                    key_positions = self._on_every_axis(
+                        positions_from_mask(own_key_mask, key_start)
+                    )
                 key_start = 0
         return (query_positions, query_start), (key_positions, key_start)
+
+    def _on_every_axis(self, positions: tf.Tensor) -> tf.Tensor:
+        """`(batch, sequence)` positions of padded text, the same on every axis of a
+        multi-axis RoPE (`(batch, sequence, axes)`, as `RotaryEmbedding` takes them)."""
+        axes = self.rotary_embedding._axes
+        return positions if axes == 1 else tf.stack([positions] * axes, -1)
 
     def _mask_without_cache(self, query, value, masks: dict, attention_mask, use_causal_mask):
         """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
@@ -314,7 +329,7 @@ class RotaryAttention:
                 valid = validity if valid is None else valid & validity
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
-            slots = positions_from_mask(cache_mask)
+            slots = self._on_every_axis(positions_from_mask(cache_mask))
             if query_positions is None:
                 query_positions = columns(slots, index, steps)
             if key_positions is None:
