@@ -6,6 +6,7 @@ heads; this attends over them with the layer's own scale, dropout, masks and sof
 
 from __future__ import annotations
 
+import tensorflow as tf
 from keras import ops
 
 from keras_posenc import _tf
@@ -60,3 +61,30 @@ def attend(layer, query, key, value, mask, causal_only: bool, training, return_s
     dropout_layer = _tf.attention_part(layer, "dropout_layer")
     dropped = dropout_layer(scores, training=training) if dropout else scores
     return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
+
+
+def tempered(queries, temperature, first_index):
+    """`(batch, steps, heads, dim)` queries times `temperature` (an `AttentionTemperature`,
+    or None: unchanged) at each query's index in the sequence, `first_index + step`.
+
+    Llama 4's index, cache included: positions and padding do not move it.
+    """
+    if temperature is None:
+        return queries
+    index = tf.cast(first_index, tf.int32) + tf.range(tf.shape(queries)[1])
+    scale = tf.reshape(temperature(index), [1, -1, 1, 1])
+    wide = _tf.accumulation_dtype(queries.dtype)
+    return tf.cast(tf.cast(queries, wide) * tf.cast(scale, wide), queries.dtype)
+
+
+def within_chunks(mask, chunk_size: int | None, steps, sources):
+    """`mask` (None or `(batch, steps, sources)`) and-ed with Llama 4's chunked attention:
+    query `i` sees key `j` only when `i // chunk_size == j // chunk_size` (indices in the call).
+    """
+    if chunk_size is None:
+        return mask
+    # expand_dims, not `[None]`: LiteRT runs a new-axis StridedSlice only as a Flex op.
+    query_chunk = tf.expand_dims(tf.math.floordiv(tf.range(steps), chunk_size), 1)
+    key_chunk = tf.expand_dims(tf.math.floordiv(tf.range(sources), chunk_size), 0)
+    same = tf.expand_dims(tf.equal(query_chunk, key_chunk), 0)
+    return same if mask is None else tf.logical_and(tf.cast(mask, tf.bool), same)

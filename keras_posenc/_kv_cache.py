@@ -283,14 +283,16 @@ def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length
     return attention_mask, fits
 
 
-def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:
+def visible_slots(sizes, causal: bool, limits, masks) -> tf.Tensor:
     """Which cache slots each new query sees: `(batch or 1, steps, max_length)` bools.
 
-    `sizes` is `(index, steps, new, max_length)`; `masks` `(cache_mask, query_mask,
-    attention_mask)`, each None or applied. Only filled slots (below `index + new`) are
-    seen; `causal` hides later ones, `window` those `window` or more slots away.
+    `sizes` is `(index, steps, new, max_length)`; `limits` `(window, chunk_size)`, each
+    None or applied; `masks` `(cache_mask, query_mask, attention_mask)`, likewise. Only
+    filled slots (below `index + new`) are seen; `causal` hides later ones, `window` those
+    `window` or more slots away, `chunk_size` those of another chunk of that many slots.
     """
     index, steps, new, max_length = sizes
+    window, chunk_size = limits
     cache_mask, query_mask, attention_mask = masks
     slot = tf.range(max_length)[None, None, :]
     query_slot = index + tf.range(steps)[None, :, None]
@@ -299,6 +301,8 @@ def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:
         visible &= slot <= query_slot
     if window is not None:
         visible &= tf.abs(query_slot - slot) < window
+    if chunk_size is not None:
+        visible &= tf.math.floordiv(query_slot, chunk_size) == tf.math.floordiv(slot, chunk_size)
     if cache_mask is not None:
         visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
     if query_mask is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 
 from keras_posenc import _tf
-from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
+from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
+from keras_posenc._rotary_attention import RotaryAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -35,7 +36,8 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         key_dim: size of each head for query and key.
         rope_max_wavelength: the RoPE base (`RotaryEmbedding`'s `max_wavelength`).
         rope_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
-        rope_dim: rotate only the first `rope_dim` channels of each head.
+        rope_dim: rotate only the first `rope_dim` channels of each head; 0 rotates
+            none (a NoPE layer: Llama 4, SmolLM3), with the other `rope_*` options left out.
         rope_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
         rope_axes_dims: axial RoPE (see `RotaryEmbedding`'s `axes_dims`): the rotated
             channels of each axis; positions are then required, one coordinate per axis.
