@@ -77,14 +77,32 @@ def tempered(queries, temperature, first_index):
     return tf.cast(tf.cast(queries, wide) * tf.cast(scale, wide), queries.dtype)
 
 
-def within_chunks(mask, chunk_size: int | None, steps, sources):
-    """`mask` (None or `(batch, steps, sources)`) and-ed with Llama 4's chunked attention:
-    query `i` sees key `j` only when `i // chunk_size == j // chunk_size` (indices in the call).
+def within_chunks(mask, chunk_size: int | None, sizes, padding_masks):
+    """`mask` (None or `(batch, steps, sources)`) and-ed with Llama 4's chunked attention.
+
+    Query `i` sees key `j` only when `(i - p) // chunk_size == (j - p') // chunk_size`: `p`,
+    `p'` the left padding of the queries' and the keys' rows (`padding_masks`, each None or
+    `(batch, length)`), so that chunks start at a row's first real token, as transformers
+    counts them. `sizes` is `(steps, sources)`.
     """
     if chunk_size is None:
         return mask
+    chunks = [
+        chunk_of(tf.range(size), padding, chunk_size)
+        for size, padding in zip(sizes, padding_masks, strict=True)
+    ]
     # expand_dims, not `[None]`: LiteRT runs a new-axis StridedSlice only as a Flex op.
-    query_chunk = tf.expand_dims(tf.math.floordiv(tf.range(steps), chunk_size), 1)
-    key_chunk = tf.expand_dims(tf.math.floordiv(tf.range(sources), chunk_size), 0)
-    same = tf.expand_dims(tf.equal(query_chunk, key_chunk), 0)
+    same = tf.equal(tf.expand_dims(chunks[0], -1), tf.expand_dims(chunks[1], -2))
+    if same.shape.rank == 2:
+        same = tf.expand_dims(same, 0)
     return same if mask is None else tf.logical_and(tf.cast(mask, tf.bool), same)
+
+
+def chunk_of(index, padding_mask, chunk_size: int):
+    """The chunk of each token `index` (`(length,)`): `(length,)`, or `(batch, length)` counted
+    from each row's first real token when `padding_mask` `(batch, length)` is given."""
+    if padding_mask is None:
+        return tf.math.floordiv(index, chunk_size)
+    real = tf.cast(tf.cast(padding_mask, tf.bool), tf.int32)
+    left_padding = tf.reduce_sum(tf.cast(tf.equal(tf.cumsum(real, axis=1), 0), tf.int32), 1)
+    return tf.math.floordiv(tf.expand_dims(index, 0) - tf.expand_dims(left_padding, 1), chunk_size)

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_posenc._attend import chunk_of
 from keras_posenc._tf import in_xla_context
 
 
@@ -302,7 +303,12 @@ def visible_slots(sizes, causal: bool, limits, masks) -> tf.Tensor:
     if window is not None:
         visible &= tf.abs(query_slot - slot) < window
     if chunk_size is not None:
-        visible &= tf.math.floordiv(query_slot, chunk_size) == tf.math.floordiv(slot, chunk_size)
+        # Chunks count from a row's first real slot (transformers' left padding).
+        slot_chunk = chunk_of(tf.range(max_length), cache_mask, chunk_size)
+        if cache_mask is None:
+            slot_chunk = tf.expand_dims(slot_chunk, 0)
+        query_chunk = columns(slot_chunk, index, steps)
+        visible &= tf.expand_dims(query_chunk, -1) == tf.expand_dims(slot_chunk, -2)
     if cache_mask is not None:
         visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
     if query_mask is not None:

@@ -250,8 +250,16 @@ class RotaryAttention:
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
             )
+            key_padding = (
+                masks["key_mask"] if masks["key_mask"] is not None else masks["value_mask"]
+            )
+            if key_padding is None and query is value:  # self-attention: the queries' padding
+                key_padding = masks["query_mask"]
             attention_mask = within_chunks(
-                attention_mask, self.attention_chunk_size, tf.shape(query)[1], tf.shape(value)[1]
+                attention_mask,
+                self.attention_chunk_size,
+                (tf.shape(query)[1], tf.shape(value)[1]),
+                (masks["query_mask"], key_padding),
             )
         return attention_mask, causal_only
 

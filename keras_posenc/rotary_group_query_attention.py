@@ -61,8 +61,9 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
             not move it, as in Llama 4.
         attention_chunk_size: Llama 4's chunked attention (its RoPE layers): a query
             attends only to keys of its own chunk of this many tokens (indices `// size`
-            equal; with a cache, the slots), on top of the other masks. Chunks count from
-            slot 0, not from the first real token of a left-padded row.
+            equal; with a cache, the slots), on top of the other masks. Chunks start at a
+            row's first real token: after the left padding of `cache_mask` (with a cache)
+            or of `query_mask` / `value_mask` (without), as transformers counts them.
         **kwargs: the other `keras.layers.GroupQueryAttention` arguments. The names before
             the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
             `rotary_scaling`) are still accepted.

@@ -55,11 +55,13 @@ def _torch_side():
     cache = DynamicCache(config=config)
     makers = {"chunked_attention": create_chunked_causal_mask, "full_attention": create_causal_mask}
 
-    def step(x: np.ndarray, start: int) -> list[np.ndarray]:
+    def step(x: np.ndarray, start: int, padding=None) -> list[np.ndarray]:
         x = torch.from_numpy(x)
         position_ids = torch.arange(start, start + x.shape[1])[None]
+        if padding is not None:  # the padding of every token so far, as `generate` gives it
+            padding = torch.from_numpy(padding[:, : start + x.shape[1]].astype(np.int64))
         masks = {
-            kind: make(config, x, None, cache, position_ids=position_ids)
+            kind: make(config, x, padding, cache, position_ids=position_ids)
             for kind, make in makers.items()
         }
         with torch.no_grad():
@@ -141,6 +143,33 @@ def test_chunked_and_tempered_attention_match_transformers_with_a_cache():
                 without.set_weights(layer.get_weights())
                 differs = without(x[:, :5], x[:, :5], use_causal_mask=True) - want
                 assert np.abs(differs).max() > 1e-3
+
+
+def test_chunks_of_a_left_padded_row_start_at_its_first_token_as_in_transformers():
+    torch_layers, torch_step = _torch_side()
+    layers = _keras_layers(torch_layers)
+    x = np.random.default_rng(2).normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    padding = np.ones((2, MAX_LENGTH), bool)
+    padding[0, :2] = False  # row 0: 2 padding tokens, then its chunks 2-4 and 5-7
+    caches = [np.zeros((2, 2, MAX_LENGTH, KV_HEADS, HEAD_DIM), np.float32) for _ in layers]
+    for start, stop in ((0, 5), (5, 6), (6, 7)):
+        expected = torch_step(x[:, start:stop], start, padding)
+        real = padding[:, start:stop]  # padding queries attend to nothing: not compared
+        for i, layer in enumerate(layers):
+            tokens = x[:, start:stop]
+            output, caches[i] = layer(
+                tokens,
+                tokens,
+                use_causal_mask=True,
+                cache=caches[i],
+                cache_update_index=start,
+                cache_mask=padding,
+            )
+            np.testing.assert_allclose(output[real], expected[i][real], rtol=0, atol=1e-5)
+            if start == 0:
+                masks = {"query_mask": padding[:, :5], "value_mask": padding[:, :5]}
+                full = layer(tokens, tokens, use_causal_mask=True, **masks)
+                np.testing.assert_allclose(full[real], expected[i][real], rtol=0, atol=1e-5)
 
 
 def test_the_options_round_trip_and_bad_ones_are_refused():
