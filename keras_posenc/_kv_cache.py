@@ -259,24 +259,26 @@ def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length
             f"{max_length}): one entry per new query and cache slot, got {shape}."
         )
     batch = queries.shape[0]
-    if shape[0] is not None and batch is not None and shape[0] != batch:
+    if shape[0] not in (None, 1) and batch is not None and shape[0] != batch:
         raise ValueError(
             f"attention_mask has batch {shape[0]} but the queries {batch}: give one "
-            f"(steps, max_length) mask per row, (batch, {known_steps or 'steps'}, {max_length})."
+            f"(steps, max_length) mask per row, (batch, {known_steps or 'steps'}, {max_length}), "
+            "or one for every row, (1, steps, max_length)."
         )
     if None not in (shape[0], batch, shape[1], known_steps):
         return attention_mask, None
     # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
-    # the queries (a batch-1 one over the rows), which eagerly is refused above.
+    # the queries, which eagerly is refused above (a batch-1 mask is every row's).
     sizes = tf.shape(attention_mask)
     wanted = tf.stack([tf.shape(queries)[0], tf.cast(steps, tf.int32), max_length])
-    fits = tf.reduce_all(tf.equal(sizes, wanted))
+    fits = tf.reduce_all(tf.equal(sizes[1:], wanted[1:]))
+    fits &= tf.equal(sizes[0], wanted[0]) | tf.equal(sizes[0], 1)
     if not tf.executing_eagerly():
         fits = _asserted(
             fits,
             [
-                "attention_mask with a cache must be (batch, steps, max_length): one entry "
-                "per row, new query and cache slot. Its sizes, then the wanted ones:",
+                "attention_mask with a cache must be (batch or 1, steps, max_length): one "
+                "entry per row, new query and cache slot. Its sizes, then the wanted ones:",
                 sizes,
                 wanted,
             ],
