@@ -15,6 +15,7 @@ import pytest
 
 from keras_posenc import RotaryGroupQueryAttention, attention_temperature
 from keras_posenc import export as kpe
+from keras_posenc.decoder_block import DecoderBlock
 
 torch = pytest.importorskip("torch")
 llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")
@@ -185,6 +186,9 @@ def test_the_options_round_trip_and_bad_ones_are_refused():
     assert config["query_temperature"] == {"floor_scale": 4, "attn_scale": 0.25}
     assert (config["attention_chunk_size"], config["rope_dim"]) == (CHUNK, 0)
     assert RotaryGroupQueryAttention.from_config(config).get_config() == config
+    # A decoder block of a NoPE layer keeps it through its config.
+    block = DecoderBlock(HEAD_DIM, HEADS, KV_HEADS, 16, rope_dim=0)
+    assert DecoderBlock.from_config(block.get_config()).attention.rotary_embedding is None
     with pytest.raises(ValueError, match="attention_chunk_size=0"):
         RotaryGroupQueryAttention(HEAD_DIM, HEADS, KV_HEADS, attention_chunk_size=0)
     with pytest.raises(TypeError, match="query_temperature must be an AttentionTemperature"):
