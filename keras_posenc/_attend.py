@@ -6,6 +6,7 @@ heads; this attends over them with the layer's own scale, dropout, masks and sof
 
 from __future__ import annotations
 
+import tensorflow as tf
 from keras import ops
 
 from keras_posenc import _tf
@@ -60,3 +61,48 @@ def attend(layer, query, key, value, mask, causal_only: bool, training, return_s
     dropout_layer = _tf.attention_part(layer, "dropout_layer")
     dropped = dropout_layer(scores, training=training) if dropout else scores
     return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
+
+
+def tempered(queries, temperature, first_index):
+    """`(batch, steps, heads, dim)` queries times `temperature` (an `AttentionTemperature`,
+    or None: unchanged) at each query's index in the sequence, `first_index + step`.
+
+    Llama 4's index, cache included: positions and padding do not move it.
+    """
+    if temperature is None:
+        return queries
+    index = tf.cast(first_index, tf.int32) + tf.range(tf.shape(queries)[1])
+    scale = tf.reshape(temperature(index), [1, -1, 1, 1])
+    wide = _tf.accumulation_dtype(queries.dtype)
+    return tf.cast(tf.cast(queries, wide) * tf.cast(scale, wide), queries.dtype)
+
+
+def within_chunks(mask, chunk_size: int | None, sizes, padding_masks):
+    """`mask` (None or `(batch, steps, sources)`) and-ed with Llama 4's chunked attention.
+
+    Query `i` sees key `j` only when `(i - p) // chunk_size == (j - p') // chunk_size`: `p`,
+    `p'` the left padding of the queries' and the keys' rows (`padding_masks`, each None or
+    `(batch, length)`), so that chunks start at a row's first real token, as transformers
+    counts them. `sizes` is `(steps, sources)`.
+    """
+    if chunk_size is None:
+        return mask
+    chunks = [
+        chunk_of(tf.range(size), padding, chunk_size)
+        for size, padding in zip(sizes, padding_masks, strict=True)
+    ]
+    # expand_dims, not `[None]`: LiteRT runs a new-axis StridedSlice only as a Flex op.
+    same = tf.equal(tf.expand_dims(chunks[0], -1), tf.expand_dims(chunks[1], -2))
+    if same.shape.rank == 2:
+        same = tf.expand_dims(same, 0)
+    return same if mask is None else tf.logical_and(tf.cast(mask, tf.bool), same)
+
+
+def chunk_of(index, padding_mask, chunk_size: int):
+    """The chunk of each token `index` (`(length,)`): `(length,)`, or `(batch, length)` counted
+    from each row's first real token when `padding_mask` `(batch, length)` is given."""
+    if padding_mask is None:
+        return tf.math.floordiv(index, chunk_size)
+    real = tf.cast(tf.cast(padding_mask, tf.bool), tf.int32)
+    left_padding = tf.reduce_sum(tf.cast(tf.equal(tf.cumsum(real, axis=1), 0), tf.int32), 1)
+    return tf.math.floordiv(tf.expand_dims(index, 0) - tf.expand_dims(left_padding, 1), chunk_size)

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_posenc._attend import chunk_of
 from keras_posenc._tf import in_xla_context
 
 
@@ -235,10 +236,17 @@ def checked_cache_mask(cache_mask, max_length: int):
     return cache_mask
 
 
-def checked_attention_mask(attention_mask, steps, max_length: int):
-    """`attention_mask` with a cache: None, or `(batch, steps, max_length)` over the slots."""
+def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length: int):
+    """`(attention_mask, validity)` with a cache: the mask `(batch, steps, max_length)` over
+    the slots as a tensor (or None), and None or a scalar validity tensor of its shape.
+
+    Sizes known now are checked now (`queries` gives the batch). Sizes known only at run
+    time are asserted in a graph; since the converters drop assertions and a boolean mask
+    cannot carry NaN, the caller folds the validity into its NaN selection: a mask of other
+    steps would otherwise broadcast over the queries, or another batch over the rows.
+    """
     if attention_mask is None:
-        return None
+        return None, None
     attention_mask = tf.convert_to_tensor(attention_mask)
     shape = attention_mask.shape
     known_steps = steps if isinstance(steps, int) else None
@@ -250,34 +258,44 @@ def checked_attention_mask(attention_mask, steps, max_length: int):
             f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
             f"{max_length}): one entry per new query and cache slot, got {shape}."
         )
-    if (shape[1] is None or shape[2] is None) and not tf.executing_eagerly():
-        # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
-        # the queries, which eagerly is refused above.
-        sizes = tf.shape(attention_mask)[1:]
-        fits = tf.reduce_all(tf.equal(sizes, tf.stack([tf.cast(steps, tf.int32), max_length])))
+    batch = queries.shape[0]
+    if shape[0] not in (None, 1) and batch is not None and shape[0] != batch:
+        raise ValueError(
+            f"attention_mask has batch {shape[0]} but the queries {batch}: give one "
+            f"(steps, max_length) mask per row, (batch, {known_steps or 'steps'}, {max_length}), "
+            "or one for every row, (1, steps, max_length)."
+        )
+    if None not in (shape[0], batch, shape[1], known_steps):
+        return attention_mask, None
+    # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
+    # the queries, which eagerly is refused above (a batch-1 mask is every row's).
+    sizes = tf.shape(attention_mask)
+    wanted = tf.stack([tf.shape(queries)[0], tf.cast(steps, tf.int32), max_length])
+    fits = tf.reduce_all(tf.equal(sizes[1:], wanted[1:]))
+    fits &= tf.equal(sizes[0], wanted[0]) | tf.equal(sizes[0], 1)
+    if not tf.executing_eagerly():
         fits = _asserted(
             fits,
             [
-                "attention_mask with a cache must be (batch, steps, max_length): one entry "
-                "per new query and cache slot. Its steps and slots, then the wanted ones:",
+                "attention_mask with a cache must be (batch or 1, steps, max_length): one "
+                "entry per row, new query and cache slot. Its sizes, then the wanted ones:",
                 sizes,
-                steps,
-                max_length,
+                wanted,
             ],
         )
-        with tf.control_dependencies([fits]):
-            attention_mask = tf.identity(attention_mask)
-    return attention_mask
+    return attention_mask, fits
 
 
-def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:
+def visible_slots(sizes, causal: bool, limits, masks) -> tf.Tensor:
     """Which cache slots each new query sees: `(batch or 1, steps, max_length)` bools.
 
-    `sizes` is `(index, steps, new, max_length)`; `masks` `(cache_mask, query_mask,
-    attention_mask)`, each None or applied. Only filled slots (below `index + new`) are
-    seen; `causal` hides later ones, `window` those `window` or more slots away.
+    `sizes` is `(index, steps, new, max_length)`; `limits` `(window, chunk_size)`, each
+    None or applied; `masks` `(cache_mask, query_mask, attention_mask)`, likewise. Only
+    filled slots (below `index + new`) are seen; `causal` hides later ones, `window` those
+    `window` or more slots away, `chunk_size` those of another chunk of that many slots.
     """
     index, steps, new, max_length = sizes
+    window, chunk_size = limits
     cache_mask, query_mask, attention_mask = masks
     slot = tf.range(max_length)[None, None, :]
     query_slot = index + tf.range(steps)[None, :, None]
@@ -286,6 +304,13 @@ def visible_slots(sizes, causal: bool, window: int | None, masks) -> tf.Tensor:
         visible &= slot <= query_slot
     if window is not None:
         visible &= tf.abs(query_slot - slot) < window
+    if chunk_size is not None:
+        # Chunks count from a row's first real slot (transformers' left padding).
+        slot_chunk = chunk_of(tf.range(max_length), cache_mask, chunk_size)
+        if cache_mask is None:
+            slot_chunk = tf.expand_dims(slot_chunk, 0)
+        query_chunk = columns(slot_chunk, index, steps)
+        visible &= tf.expand_dims(query_chunk, -1) == tf.expand_dims(slot_chunk, -2)
     if cache_mask is not None:
         visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
     if query_mask is not None:

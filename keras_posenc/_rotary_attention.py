@@ -18,7 +18,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_posenc import _tf
-from keras_posenc._attend import attend
+from keras_posenc._attend import attend, tempered, within_chunks
 from keras_posenc._kv_cache import (
     checked_attention_mask,
     checked_batches,
@@ -32,39 +32,15 @@ from keras_posenc._kv_cache import (
     visible_slots,
     written,
 )
+from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_rope_options: re-exported
+    OLD_ROPE_NAMES,
+    ROPE_DEFAULTS,
+    ROPE_OPTIONS,
+    is_nope,
+    renamed_rope_options,
+)
 from keras_posenc.positions import positions_from_mask
 from keras_posenc.rotary import RotaryEmbedding
-
-# The RoPE options' names before they shared the `rope_` prefix: still read by the
-# constructors and `from_config` (so `.keras` files saved before the rename load).
-OLD_ROPE_NAMES = {
-    "max_wavelength": "rope_max_wavelength",
-    "rotary_layout": "rope_layout",
-    "rotary_dim": "rope_dim",
-    "rotary_scaling": "rope_scaling",
-}
-ROPE_DEFAULTS = {
-    "rope_max_wavelength": 10000.0,
-    "rope_layout": "half",
-    "rope_dim": None,
-    "rope_scaling": None,
-}
-
-
-def renamed_rope_options(options: dict, kwargs: dict) -> dict:
-    """`options` (the `rope_*` arguments) with any old name in `kwargs` moved in (popped)."""
-    options = dict(options)
-    for old, new in OLD_ROPE_NAMES.items():
-        if old not in kwargs:
-            continue
-        value = kwargs.pop(old)
-        if options[new] != ROPE_DEFAULTS[new] and options[new] != value:
-            raise ValueError(
-                f"Got both {new}={options[new]!r} and its old name {old}={value!r}; "
-                f"pass {new} only."
-            )
-        options[new] = value
-    return options
 
 
 class RotaryAttention:
@@ -94,17 +70,20 @@ class RotaryAttention:
         arguments = attention_arguments(config, layer_type, form=cls._CONFIG_FORM)
         return cls(**{**arguments, **overrides})
 
+    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`.
+    query_temperature = None  # an AttentionTemperature, or None
+    attention_chunk_size = None
+
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
-        self.rotary_embedding = RotaryEmbedding(
-            max_wavelength=options["rope_max_wavelength"],
-            layout=options["rope_layout"],
-            rotary_dim=options["rope_dim"],
-            scaling=options["rope_scaling"],
-            sequence_axis=1,
-            feature_axis=-1,
-            dtype=self.dtype_policy,
-            name="rotary_embedding",
-        )
+        self.rotary_embedding = None  # rope_dim=0: a NoPE layer
+        if not is_nope(options):
+            self.rotary_embedding = RotaryEmbedding(
+                **{ROPE_OPTIONS[name]: value for name, value in options.items()},
+                sequence_axis=1,
+                feature_axis=-1,
+                dtype=self.dtype_policy,
+                name="rotary_embedding",
+            )
         if not isinstance(positions_from_mask, (bool, np.bool_)):
             raise TypeError(
                 f"positions_from_mask must be True or False, got {positions_from_mask!r}."
@@ -119,16 +98,17 @@ class RotaryAttention:
             )
         super().build(query_shape, value_shape, key_shape)
         # Queries and keys share the head size, whatever their number of heads.
-        self.rotary_embedding.build((None, None, None, self._head_counts()[2]))
+        if self.rotary_embedding is not None:
+            self.rotary_embedding.build((None, None, None, self._head_counts()[2]))
 
     def get_config(self) -> dict:
         rope = self.rotary_embedding
+        options = {**ROPE_DEFAULTS, "rope_dim": 0}
+        if rope is not None:
+            options = {name: getattr(rope, option) for name, option in ROPE_OPTIONS.items()}
         return {
             **super().get_config(),
-            "rope_max_wavelength": rope.max_wavelength,
-            "rope_layout": rope.layout,
-            "rope_dim": rope.rotary_dim,
-            "rope_scaling": rope.scaling,
+            **options,
             "positions_from_mask": self.positions_from_mask,
         }
 
@@ -179,6 +159,7 @@ class RotaryAttention:
                 )
             query_at, key_at = self._positions_without_cache(masks, key_given, query_at, key_at)
             heads[:2] = self._rotate_queries_and_keys(*heads[:2], key is query, query_at, key_at)
+            heads[0] = tempered(heads[0], self.query_temperature, query_start_index)
             attention_mask, causal_only = self._mask_without_cache(
                 query, value, masks, attention_mask, use_causal_mask
             )
@@ -232,15 +213,23 @@ class RotaryAttention:
             query_mask = masks["query_mask"]
             own_key_mask = masks["key_mask"] if key_given else masks["value_mask"]
             if query_positions is None and query_mask is not None:
-                query_positions = positions_from_mask(query_mask, query_start)
+                query_positions = self._on_every_axis(positions_from_mask(query_mask, query_start))
                 query_start = 0
             if key_positions is None and own_key_mask is not None:
                 if own_key_mask is query_mask and key_start is query_start:
                     key_positions = query_positions
                 else:
-                    key_positions = positions_from_mask(own_key_mask, key_start)
+                    key_positions = self._on_every_axis(
+                        positions_from_mask(own_key_mask, key_start)
+                    )
                 key_start = 0
         return (query_positions, query_start), (key_positions, key_start)
+
+    def _on_every_axis(self, positions: tf.Tensor) -> tf.Tensor:
+        """`(batch, sequence)` positions of padded text, the same on every axis of a
+        multi-axis RoPE (`(batch, sequence, axes)`, as `RotaryEmbedding` takes them)."""
+        axes = 1 if self.rotary_embedding is None else self.rotary_embedding._axes
+        return positions if axes == 1 else tf.stack([positions] * axes, -1)
 
     def _mask_without_cache(self, query, value, masks: dict, attention_mask, use_causal_mask):
         """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
@@ -250,6 +239,7 @@ class RotaryAttention:
             and all(mask is None for mask in masks.values())
             and attention_mask is None
             and self._window() is None
+            and self.attention_chunk_size is None
         )
         if not causal_only:
             attention_mask = _tf.attention_mask(
@@ -260,6 +250,17 @@ class RotaryAttention:
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
             )
+            key_padding = (
+                masks["key_mask"] if masks["key_mask"] is not None else masks["value_mask"]
+            )
+            if key_padding is None and query is value:  # self-attention: the queries' padding
+                key_padding = masks["query_mask"]
+            attention_mask = within_chunks(
+                attention_mask,
+                self.attention_chunk_size,
+                (tf.shape(query)[1], tf.shape(value)[1]),
+                (masks["query_mask"], key_padding),
+            )
         return attention_mask, causal_only
 
     def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):
@@ -269,6 +270,8 @@ class RotaryAttention:
         an exported graph holds one (and onnxruntime runs one) per layer, not two.
         """
         (query_positions, query_start), (key_positions, key_start) = query_at, key_at
+        if self.rotary_embedding is None:
+            return query_heads, key_heads  # NoPE: positions play no part
         same_start = query_start is key_start or (
             isinstance(query_start, (int, np.integer))
             and isinstance(key_start, (int, np.integer))
@@ -306,12 +309,15 @@ class RotaryAttention:
         valid = checked_slots(index, new, max_length)
         cache_mask = checked_cache_mask(cache_mask, max_length)
         same_batch = checked_batches(cache, query_heads, cache_mask)
-        if same_batch is not None:
-            valid = same_batch if valid is None else valid & same_batch
-        attention_mask = checked_attention_mask(attention_mask, steps, max_length)
+        attention_mask, mask_fits = checked_attention_mask(
+            attention_mask, query_heads, steps, max_length
+        )
+        for validity in (same_batch, mask_fits):
+            if validity is not None:
+                valid = validity if valid is None else valid & validity
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
-            slots = positions_from_mask(cache_mask)
+            slots = self._on_every_axis(positions_from_mask(cache_mask))
             if query_positions is None:
                 query_positions = columns(slots, index, steps)
             if key_positions is None:
@@ -327,6 +333,7 @@ class RotaryAttention:
             (query_positions, index if query_positions is None else 0),
             (key_positions, index if key_positions is None else 0),
         )
+        query_heads = tempered(query_heads, self.query_temperature, index)
         if valid is not None:
             # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
             # the select covers the new tokens only, and an exported graph stays safe
@@ -343,7 +350,7 @@ class RotaryAttention:
         visible = visible_slots(
             (index, steps, new, max_length),
             use_causal_mask,
-            self._window(),
+            (self._window(), self.attention_chunk_size),
             (cache_mask, query_mask, attention_mask),
         )
         return query_heads, keys, values, visible, new_cache

@@ -60,7 +60,8 @@ class AttentionTemperature(keras.layers.Layer):
         if not positions.dtype.is_integer:
             raise TypeError(f"positions must be integers, got {positions.dtype.name}.")
         steps = tf.math.floordiv(tf.cast(positions, tf.int64) + 1, self.floor_scale)
-        return tf.math.log1p(tf.cast(steps, tf.float32)) * self.attn_scale + 1.0
+        # log(1 + n), not log1p: tf2onnx has no Log1p, and 1 + n is exact for an integer n.
+        return tf.math.log(tf.cast(steps, tf.float32) + 1.0) * self.attn_scale + 1.0
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc._rotary_attention import ROPE_DEFAULTS
+from keras_posenc._rope_options import ROPE_DEFAULTS
 from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention
+
+# The attention's RoPE options this block takes.
+ROPE_NAMES = ("rope_max_wavelength", "rope_layout", "rope_dim", "rope_scaling")
 
 MLP_KINDS = ("swiglu", "gelu")
 
@@ -189,7 +192,8 @@ class DecoderBlock(keras.layers.Layer):
         return output, keras.KerasTensor(cache.shape, dtype=cache.dtype)
 
     def get_config(self) -> dict:
-        rope = self.attention.rotary_embedding
+        # The attention's own config: it also knows a NoPE layer (rope_dim=0).
+        rope = self.attention.get_config()
         return {
             **super().get_config(),
             "head_dim": self.head_dim,
@@ -197,10 +201,7 @@ class DecoderBlock(keras.layers.Layer):
             "num_key_value_heads": self.num_key_value_heads,
             "intermediate_dim": self.intermediate_dim,
             "mlp": self.mlp,
-            "rope_max_wavelength": rope.max_wavelength,
-            "rope_layout": rope.layout,
-            "rope_dim": rope.rotary_dim,
-            "rope_scaling": rope.scaling,
+            **{name: rope[name] for name in ROPE_NAMES},
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 
 from keras_posenc import _tf
-from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
+from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
+from keras_posenc._rotary_attention import RotaryAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -35,8 +36,15 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         key_dim: size of each head for query and key.
         rope_max_wavelength: the RoPE base (`RotaryEmbedding`'s `max_wavelength`).
         rope_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
-        rope_dim: rotate only the first `rope_dim` channels of each head.
+        rope_dim: rotate only the first `rope_dim` channels of each head; 0 rotates
+            none (a NoPE layer: Llama 4, SmolLM3), with the other `rope_*` options left out.
         rope_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
+        rope_axes_dims: axial RoPE (see `RotaryEmbedding`'s `axes_dims`): the rotated
+            channels of each axis; positions are then required, one coordinate per axis.
+        rope_mrope_section: multimodal RoPE (see `RotaryEmbedding`'s `mrope_section`):
+            the channel pairs of each axis `(time, height, width)`.
+        rope_mrope_interleaved: with `rope_mrope_section`, pairs take their axes
+            interleaved (Qwen3-VL) instead of in chunks (Qwen2-VL).
         positions_from_mask: derive query / key positions from their padding masks
             (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded; with a
             cache, from `cache_mask`.
@@ -48,7 +56,9 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         query, value, key, query_mask, value_mask, key_mask, attention_mask,
         return_attention_scores, training, use_causal_mask: as in `MultiHeadAttention`.
         query_positions, key_positions: optional integer positions, `(sequence,)` or
-            `(batch, sequence)`, of the query and of the key/value steps.
+            `(batch, sequence)`, of the query and of the key/value steps; with
+            `rope_axes_dims` or `rope_mrope_section`, `(sequence, axes)` or `(batch,
+            sequence, axes)`, one coordinate per axis (with a cache: of the new tokens).
         query_start_index, key_start_index: the position of the first query / key step
             when the positions are not given (int or scalar int tensor).
         cache: optional `(batch, 2, max_length, num_heads, key_dim)` keys (rotated) and
@@ -76,6 +86,9 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         rope_layout: str = ROPE_DEFAULTS["rope_layout"],
         rope_dim: int | None = ROPE_DEFAULTS["rope_dim"],
         rope_scaling: dict | None = ROPE_DEFAULTS["rope_scaling"],
+        rope_axes_dims: tuple[int, ...] | None = ROPE_DEFAULTS["rope_axes_dims"],
+        rope_mrope_section: tuple[int, ...] | None = ROPE_DEFAULTS["rope_mrope_section"],
+        rope_mrope_interleaved: bool = ROPE_DEFAULTS["rope_mrope_interleaved"],
         positions_from_mask: bool = False,
         **kwargs,
     ):
@@ -85,6 +98,9 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
                 "rope_layout": rope_layout,
                 "rope_dim": rope_dim,
                 "rope_scaling": rope_scaling,
+                "rope_axes_dims": rope_axes_dims,
+                "rope_mrope_section": rope_mrope_section,
+                "rope_mrope_interleaved": rope_mrope_interleaved,
             },
             kwargs,
         )

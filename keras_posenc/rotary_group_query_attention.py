@@ -6,7 +6,9 @@ import keras
 import numpy as np
 
 from keras_posenc import _tf
-from keras_posenc._rotary_attention import ROPE_DEFAULTS, RotaryAttention, renamed_rope_options
+from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
+from keras_posenc._rotary_attention import RotaryAttention
+from keras_posenc.attention_temperature import AttentionTemperature
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -39,11 +41,29 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         num_key_value_heads: number of key/value heads; divides `num_query_heads`.
         rope_max_wavelength: the RoPE base (`RotaryEmbedding`'s `max_wavelength`).
         rope_layout: `"half"` or `"interleaved"` channel pairing (see `RotaryEmbedding`).
-        rope_dim: rotate only the first `rope_dim` channels of each head.
+        rope_dim: rotate only the first `rope_dim` channels of each head; 0 rotates
+            none (a NoPE layer: Llama 4, SmolLM3), with the other `rope_*` options left out.
         rope_scaling: RoPE scaling dict (see `RotaryEmbedding`'s `scaling`).
+        rope_axes_dims: axial RoPE (see `RotaryEmbedding`'s `axes_dims`): the rotated
+            channels of each axis; positions are then required, one coordinate per axis.
+        rope_mrope_section: multimodal RoPE (see `RotaryEmbedding`'s `mrope_section`):
+            the channel pairs of each axis `(time, height, width)`.
+        rope_mrope_interleaved: with `rope_mrope_section`, pairs take their axes
+            interleaved (Qwen3-VL) instead of in chunks (Qwen2-VL).
         positions_from_mask: derive query / key positions from their padding masks
             (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded; with a
             cache, from `cache_mask`.
+        query_temperature: Llama 4's attention temperature (its NoPE layers): an
+            `AttentionTemperature` (`keras_posenc.attention_temperature(config)`) or its
+            settings `{"floor_scale": ..., "attn_scale": ...}`. The rotated queries are
+            multiplied by it at each query's index in the sequence (`cache_update_index +
+            i` with a cache, `query_start_index + i` without); positions and padding do
+            not move it, as in Llama 4.
+        attention_chunk_size: Llama 4's chunked attention (its RoPE layers): a query
+            attends only to keys of its own chunk of this many tokens (indices `// size`
+            equal; with a cache, the slots), on top of the other masks. Chunks start at a
+            row's first real token: after the left padding of `cache_mask` (with a cache)
+            or of `query_mask` / `value_mask` (without), as transformers counts them.
         **kwargs: the other `keras.layers.GroupQueryAttention` arguments. The names before
             the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
             `rotary_scaling`) are still accepted.
@@ -68,7 +88,12 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         rope_layout: str = ROPE_DEFAULTS["rope_layout"],
         rope_dim: int | None = ROPE_DEFAULTS["rope_dim"],
         rope_scaling: dict | None = ROPE_DEFAULTS["rope_scaling"],
+        rope_axes_dims: tuple[int, ...] | None = ROPE_DEFAULTS["rope_axes_dims"],
+        rope_mrope_section: tuple[int, ...] | None = ROPE_DEFAULTS["rope_mrope_section"],
+        rope_mrope_interleaved: bool = ROPE_DEFAULTS["rope_mrope_interleaved"],
         positions_from_mask: bool = False,
+        query_temperature: dict | AttentionTemperature | None = None,
+        attention_chunk_size: int | None = None,
         **kwargs,
     ):
         options = renamed_rope_options(
@@ -77,6 +102,9 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
                 "rope_layout": rope_layout,
                 "rope_dim": rope_dim,
                 "rope_scaling": rope_scaling,
+                "rope_axes_dims": rope_axes_dims,
+                "rope_mrope_section": rope_mrope_section,
+                "rope_mrope_interleaved": rope_mrope_interleaved,
             },
             kwargs,
         )
@@ -87,8 +115,38 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r}: it must be a positive integer.")
+        if attention_chunk_size is not None and (
+            isinstance(attention_chunk_size, bool)
+            or not isinstance(attention_chunk_size, (int, np.integer))
+            or attention_chunk_size < 1
+        ):
+            raise ValueError(
+                f"attention_chunk_size={attention_chunk_size!r}: it must be a positive "
+                "integer (the tokens per chunk), or None."
+            )
         super().__init__(head_dim, num_query_heads, num_key_value_heads, **kwargs)
         self._init_rotary(options, positions_from_mask)
+        if attention_chunk_size is not None:
+            self.attention_chunk_size = int(attention_chunk_size)
+        if isinstance(query_temperature, dict):
+            query_temperature = AttentionTemperature(**query_temperature)
+        if not isinstance(query_temperature, (AttentionTemperature, type(None))):
+            raise TypeError(
+                "query_temperature must be an AttentionTemperature (keras_posenc."
+                "attention_temperature(config)), its settings as a dict ({'floor_scale': "
+                f"8192, 'attn_scale': 0.1}}), or None; got {query_temperature!r}."
+            )
+        self.query_temperature = query_temperature
+
+    def get_config(self) -> dict:
+        temperature = self.query_temperature
+        return {
+            **super().get_config(),
+            "query_temperature": None
+            if temperature is None
+            else {"floor_scale": temperature.floor_scale, "attn_scale": temperature.attn_scale},
+            "attention_chunk_size": self.attention_chunk_size,
+        }
 
     def _head_counts(self) -> tuple[int, int, int, int]:
         return self.num_query_heads, self.num_key_value_heads, self.head_dim, self.head_dim

@@ -333,17 +333,15 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads="
             f"{key_value_heads}."
         )
-    if "mrope_section" in rotary:
-        raise ValueError(
-            f"{model_type} uses multimodal RoPE, which the attention layers do not take; build "
-            "a RotaryEmbedding with from_transformers_config and apply it to q and k."
-        )
     options = {
         "rope_max_wavelength": rotary["max_wavelength"],
         "rope_layout": rotary["layout"],
         "rope_dim": rotary["rotary_dim"],
         "rope_scaling": rotary["scaling"],
     }
+    if "mrope_section" in rotary:  # positions (batch, sequence, 3) at the call
+        options["rope_mrope_section"] = rotary["mrope_section"]
+        options["rope_mrope_interleaved"] = rotary["mrope_interleaved"]
     if form == "gqa":
         heads_arguments = {
             "num_query_heads": heads,

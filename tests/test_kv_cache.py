@@ -115,13 +115,16 @@ def test_slots_known_at_run_time_only_are_asserted_in_a_graph():
         valid(tf.constant(5))
 
 
-@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 2)])
-def test_visible_slots_are_the_filled_ones_each_query_may_see(causal, window):
+@pytest.mark.parametrize(
+    "causal, window, chunk",
+    [(False, None, None), (True, None, None), (True, 2, None), (True, None, 3)],
+)
+def test_visible_slots_are_the_filled_ones_each_query_may_see(causal, window, chunk):
     index, steps = 2, 3
     cache_mask = np.array([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)
     query_mask = np.array([[1, 1, 1], [1, 0, 1]], bool)
     got = _kv_cache.visible_slots(
-        (index, steps, steps, MAX_LENGTH), causal, window, (cache_mask, query_mask, None)
+        (index, steps, steps, MAX_LENGTH), causal, (window, chunk), (cache_mask, query_mask, None)
     ).numpy()
     slot, query = np.arange(MAX_LENGTH), index + np.arange(steps)
     expected = np.broadcast_to(slot < index + steps, (2, steps, MAX_LENGTH)).copy()
@@ -129,6 +132,8 @@ def test_visible_slots_are_the_filled_ones_each_query_may_see(causal, window):
         expected &= slot[None, :] <= query[:, None]
     if window is not None:
         expected &= np.abs(query[:, None] - slot[None, :]) < window
+    if chunk is not None:  # Llama 4: slots 0-2 and 3-5
+        expected &= (query[:, None] < 3) == (slot[None, :] < 3)
     expected &= cache_mask[:, None, :] & query_mask[:, :, None]
     np.testing.assert_array_equal(got, expected)
 

@@ -88,6 +88,20 @@ CASES = {
         (8 * 2 * 4 + 2 * 4) + 2 * (8 * 1 * 4 + 4) + (2 * 4 * 8 + 8),
         attention=keras.layers.GroupQueryAttention,
     ),
+    "rotary_group_query_attention_mrope": LayerCase(
+        lambda: RotaryGroupQueryAttention(
+            4,
+            2,
+            1,
+            rope_mrope_section=(1, 1),
+            rope_mrope_interleaved=True,
+            positions_from_mask=True,
+            name="mrope_attention",
+        ),
+        (None, 8),
+        (8 * 2 * 4 + 2 * 4) + 2 * (8 * 1 * 4 + 4) + (2 * 4 * 8 + 8),
+        attention=keras.layers.GroupQueryAttention,
+    ),
 }
 
 

@@ -203,3 +203,39 @@ def test_a_cached_call_in_the_functional_api_returns_output_and_cache():
     expected, _ = _expected(layer, x, x, np.arange(4), np.arange(4), attention_mask=causal)
     assert_within(got, expected)
     assert np.abs(filled.numpy()[:, :, :4]).min() > 0 and not filled.numpy()[:, :, 4:].any()
+
+
+def test_an_attention_mask_of_another_batch_is_an_error_naming_it():
+    layer = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2)
+    x = np.zeros((2, 2, WIDTH), np.float32)
+    cache = np.zeros((2, 2, 6, 2, HEAD_DIM), np.float32)
+    with pytest.raises(ValueError, match=r"attention_mask has batch 3 but the queries 2"):
+        layer(x, x, cache=cache, cache_update_index=0, attention_mask=np.ones((3, 2, 6)))
+
+
+def test_in_onnx_an_attention_mask_of_other_steps_gives_nan(tmp_path):
+    # The converters drop the assertion, and a boolean mask cannot carry NaN: the mask's
+    # validity goes into the NaN selection of the new queries, keys and values.
+    import onnxruntime
+
+    from keras_posenc import export as kpe
+
+    tokens = keras.Input((None, WIDTH), name="tokens")
+    cache = keras.Input((2, 6, 2, HEAD_DIM), name="cache")
+    mask = keras.Input((None, 6), name="attention_mask")
+    layer = RotaryGroupQueryAttention(HEAD_DIM, QUERY_HEADS, 2)
+    output, _ = layer(tokens, tokens, cache=cache, cache_update_index=0, attention_mask=mask)
+    path = kpe.save_onnx(keras.Model([tokens, cache, mask], output), tmp_path / "step.onnx")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def run(mask_shape):
+        feeds = {
+            "tokens": np.ones((2, 2, WIDTH), np.float32),
+            "cache": np.zeros((2, 2, 6, 2, HEAD_DIM), np.float32),
+            "attention_mask": np.ones(mask_shape, np.float32),
+        }
+        return session.run(None, feeds)[0]
+
+    assert np.isfinite(run((2, 2, 6))).all()
+    assert np.isnan(run((2, 1, 6))).all()  # 1 step, not 2
+    np.testing.assert_array_equal(run((1, 2, 6)), run((2, 2, 6)))  # one mask for every row

@@ -423,10 +423,14 @@ def test_attention_arguments():
     assert (gqa.num_query_heads, gqa.num_key_value_heads, gqa.head_dim) == (32, 8, 128)
     assert gqa.rotary_embedding.scaling["rope_type"] == "llama3"
     assert RotaryMultiHeadAttention.from_transformers_config(GPTJ).num_heads == 16
-    with pytest.raises(ValueError, match="multimodal RoPE"):
-        RotaryGroupQueryAttention.from_transformers_config(
-            {"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4}
-        )
+    # Multimodal RoPE is read into the layers (tests/test_rotary_attention_axes.py).
+    qwen2_vl = {
+        "model_type": "qwen2_vl",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [4, 2, 2]},
+    }
+    assert attention_arguments(qwen2_vl)["rope_mrope_section"] == (4, 2, 2)
     with pytest.raises(ValueError, match="multi-head latent attention"):
         attention_arguments(DEEPSEEK_V3)
     with pytest.raises(ValueError, match="form must be"):
