@@ -61,3 +61,10 @@ def test_longrope_is_exact_below_its_switch_and_refused_past_it():
     np.testing.assert_array_equal(decoder.rope.cos, np.cos(theta).astype(np.float32))
     with pytest.raises(ExportError, match="passes 32.*max_length <= 32"):
         describe_decoder(step(rope_scaling=LONGROPE), 33)
+
+
+def test_a_block_without_rope_is_refused_by_name():
+    # A NoPE block (rope_dim=0, Llama 4's every fourth layer) has no tables for the
+    # GroupQueryAttention caches: refused naming it, not a failure inside the reader.
+    with pytest.raises(ExportError, match=r"DecoderBlock 'b0' uses no RoPE \(rope_dim=0\)"):
+        describe_decoder(step(rope_dim=0), 64)

@@ -289,6 +289,13 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
         )
         if not same or block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]:
             raise ExportError(f"DecoderBlock {block.name!r} differs from {first.name!r}.")
+    for block in blocks:
+        if block.attention.rotary_embedding is None:
+            raise ExportError(
+                f"DecoderBlock {block.name!r} uses no RoPE (rope_dim=0): the decoder export "
+                "writes RoPE in every layer (GroupQueryAttention's do_rotary) and does not "
+                "write NoPE layers yet."
+            )
     rope = first.attention.rotary_embedding
     for block in blocks[1:]:
         other = block.attention.rotary_embedding
