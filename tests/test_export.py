@@ -541,3 +541,13 @@ def test_default_encoders_are_deterministic():
     for a, b in zip(first.get_weights(), second.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert first.get_layer("positions").max_length == spec.max_sequence_length
+
+
+def test_an_output_named_as_an_input_is_refused_before_conversion(tmp_path):
+    # ONNX names a graph's inputs and outputs in one namespace: tf2onnx fails on the clash
+    # with "graph input 'cache' not exist", which names neither output nor fix.
+    cache = keras.Input((4,), name="cache")
+    model = keras.Model(cache, {"cache": keras.layers.Dense(4)(cache)})
+    with pytest.raises(kpe.ExportError, match="output 'cache' has the name of an input"):
+        kpe.save_onnx(model, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()

@@ -26,6 +26,7 @@ from keras_posenc.export.signature import (
     bounded_tracing,
     input_signature,
     layers_in_scopes,
+    named_outputs,
     serving_function,
 )
 
@@ -115,6 +116,22 @@ def save_onnx(
     return Path(path)
 
 
+def _refuse_shared_names(model: keras.Model, input_names: list[str]) -> None:
+    """ONNX names inputs and outputs in one namespace; tf2onnx fails on a clash with an
+    error that names neither the output nor the fix."""
+    try:
+        structure = model.output
+    except AttributeError:
+        return  # no symbolic outputs: the converter's own checks decide
+    for name in named_outputs(model, structure):
+        if name in input_names:
+            raise ExportError(
+                f"The model's output {name!r} has the name of an input: an ONNX graph "
+                f"cannot have both. Rename the output (e.g. {'next_' + name!r}; the key of "
+                "the output dict or the output layer's name)."
+            )
+
+
 def onnx_model(
     model: keras.Model,
     opset: int = DEFAULT_OPSET,
@@ -140,6 +157,7 @@ def onnx_model(
     import tf2onnx
 
     specs = input_signature(model)
+    _refuse_shared_names(model, [spec.name for spec in specs])
     function = serving_function(model)
     proto = None
     # tf2onnx deep-copies the whole graph before each of its optimizer passes so that it

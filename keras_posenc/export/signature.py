@@ -64,7 +64,7 @@ def _model_inputs(model) -> list:
     return list(inputs)
 
 
-def _named_outputs(model: keras.Model, outputs) -> dict[str, tf.Tensor]:
+def named_outputs(model: keras.Model, outputs) -> dict[str, tf.Tensor]:
     """The model's outputs as `{name: tensor}`: dict keys, else the model's output names."""
     if isinstance(outputs, dict):
         return dict(outputs)
@@ -99,7 +99,7 @@ def serving_function(model: keras.Model) -> tf.types.experimental.GenericFunctio
     pack = _input_packer(model)
 
     def serve(*tensors):
-        return _named_outputs(model, model(pack(tensors), training=False))
+        return named_outputs(model, model(pack(tensors), training=False))
 
     return tf.function(serve, input_signature=specs, autograph=False)
 
