@@ -2,7 +2,10 @@
 
 Each family's tiny random model (`keras_hub_models.py`) is exported and must generate
 keras_hub's greedy tokens over 64 steps, batch 1 and a left-padded batch 4, with logits
-within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder). The
+within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder); the
+LiteRT file too for the families that between them have every optional part (Qwen2's
+biases; Gemma 2's soft caps, windows, post norms, GeGLU and embedding scale; Gemma 3's
+q/k norms and per-layer tables), its converter taking seconds a model. The
 reference, keras_hub's `call_with_cache` driven as `generate()` drives it, is checked
 against `generate()` itself; the settings each family adds (the sliding window, the
 biases, the q/k norms, soft caps, Gemma 3's global RoPE, llama3 scaling) are checked to
@@ -35,15 +38,24 @@ def _tiny(family: str):
     return tiny_causal_lm(family)
 
 
+# The families whose LiteRT file is verified too (every optional part between them).
+LITERT_FAMILIES = ("qwen2", "gemma2", "gemma3")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_generates_as_keras_hub(tmp_path, family):
     causal_lm = _tiny(family)
-    report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH)
+    litert = family in LITERT_FAMILIES
+    formats = ("onnx", "litert") if litert else ("onnx",)
+    report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     assert report["passed"]
     assert [case["steps"] for case in report["cases"]] == [64, 64]
+    runtimes = ["onnxruntime", "litert"] if litert else ["onnxruntime"]
     for case in report["cases"]:
-        result = case["runtimes"]["onnxruntime"]
-        assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
+        assert sorted(case["runtimes"]) == sorted(runtimes)
+        for result in case["runtimes"].values():
+            assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
+    assert (tmp_path / "out" / "model.tflite").exists() == litert
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     assert config["model"]["vocab_size"] == VOCABULARY
     assert config["model"]["context_length"] == MAX_LENGTH
@@ -166,9 +178,7 @@ def test_refusals(tmp_path):
     # Qwen2's biases are a part only the GroupQueryAttention graph writes.
     with pytest.raises(ExportError, match="standard-op graph .* does not write q/k/v biases"):
         save_decoder(_tiny("qwen2"), tmp_path / "standard", max_length=64, attention="standard")
-    with pytest.raises(ExportError, match="LiteRT decoder .* does not write q/k/v biases"):
-        save_decoder(_tiny("qwen2"), tmp_path / "litert", max_length=64, formats=("litert",))
-    assert not (tmp_path / "standard").exists() and not (tmp_path / "litert").exists()
+    assert not (tmp_path / "standard").exists()
     with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
         save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
     assert not (tmp_path / "gpt2").exists()
