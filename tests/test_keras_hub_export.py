@@ -5,7 +5,8 @@ keras_hub's greedy tokens over 64 steps, batch 1 and a left-padded batch 4, with
 within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder); the
 LiteRT file too for the families that between them have every optional part (Qwen2's
 biases; Gemma 2's soft caps, windows, post norms, GeGLU and embedding scale; Gemma 3's
-q/k norms and per-layer tables), its converter taking seconds a model. The
+q/k norms and per-layer tables), its converter taking seconds a model; and the
+standard-op graph (`attention="standard"`) for the same families. The
 reference, keras_hub's `call_with_cache` driven as `generate()` drives it, is checked
 against `generate()` itself; the settings each family adds (the sliding window, the
 biases, the q/k norms, soft caps, Gemma 3's global RoPE, llama3 scaling) are checked to
@@ -59,6 +60,17 @@ def test_export_generates_as_keras_hub(tmp_path, family):
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     assert config["model"]["vocab_size"] == VOCABULARY
     assert config["model"]["context_length"] == MAX_LENGTH
+
+
+@pytest.mark.parametrize("family", LITERT_FAMILIES)
+def test_standard_graph_generates_as_keras_hub(tmp_path, family):
+    report = save_decoder(
+        _tiny(family), tmp_path / "out", max_length=MAX_LENGTH, attention="standard"
+    )
+    assert report["passed"] and report["attention"] == "standard"
+    for case in report["cases"]:
+        result = case["runtimes"]["onnxruntime"]
+        assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
 
 
 def _onnx_run(decoder, case):
@@ -175,10 +187,6 @@ def test_refusals(tmp_path):
             max_sequence_length=64,
         )
     )
-    # Qwen2's biases are a part only the GroupQueryAttention graph writes.
-    with pytest.raises(ExportError, match="standard-op graph .* does not write q/k/v biases"):
-        save_decoder(_tiny("qwen2"), tmp_path / "standard", max_length=64, attention="standard")
-    assert not (tmp_path / "standard").exists()
     with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
         save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
     assert not (tmp_path / "gpt2").exists()
