@@ -29,8 +29,9 @@ from keras_hub_models import FAMILIES, MAX_LENGTH, VOCABULARY, tiny_causal_lm
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
+from keras_posenc.export.decoder.greedy import keras_greedy
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
+from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild
 
 
 @functools.cache
@@ -190,6 +191,30 @@ def test_refusals(tmp_path):
     with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
         save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
     assert not (tmp_path / "gpt2").exists()
+
+
+@pytest.mark.parametrize("family", ["llama3", "phi3"])
+def test_rebuild_generates_as_keras_hub(family):
+    """The package's own layers with keras_hub's weights (llama3 and su scaling: the
+    RoPE settings are carried over, not only the weights)."""
+    causal_lm = _tiny(family)
+    _, step = rebuild(causal_lm, MAX_LENGTH)
+    case = {**decoder_cases(VOCABULARY, MAX_LENGTH)[1], "steps": 24}
+    prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
+    expected = keras_hub_greedy(causal_lm)(prompts, mask, steps)
+    result = compare_greedy(expected, keras_greedy(step, prompts, mask, steps), mask)
+    assert result["passed"], result
+
+
+def test_rebuild_refuses_the_parts_decoder_blocks_lack():
+    with pytest.raises(ExportError, match="has q/k/v biases, which keras_posenc's DecoderBlock"):
+        rebuild(_tiny("qwen2"), MAX_LENGTH)
+    with pytest.raises(ExportError, match="has GeGLU MLPs, an embedding scale, which"):
+        rebuild(_tiny("gemma"), MAX_LENGTH)
+    with pytest.raises(ExportError, match="has sliding windows"):
+        rebuild(_tiny("mistral"), MAX_LENGTH)
+    # A window as wide as the cache masks nothing: Mistral then rebuilds.
+    rebuild(tiny_causal_lm("mistral", sliding_window=MAX_LENGTH), MAX_LENGTH)
 
 
 def test_keras_hub_is_not_imported_by_the_package():
