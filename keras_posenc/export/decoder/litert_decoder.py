@@ -155,15 +155,10 @@ class DecoderModule(tf.Module):
         return tf.logical_and(attended, total - counts < window)
 
     def _block(self, x, block: Block, caches, start, attended, rows):
-        """`(x, key_cache, value_cache)` after one block's two residual branches."""
-        attention = block.attention
+        """`(x, key_cache, value_cache)` after one block's two residual branches;
+        `attended` the slots its queries see (its window applied)."""
         out, key_cache, value_cache = self._attention(
-            self._norm(x, block.attention_norm),
-            attention,
-            caches,
-            start,
-            self._windowed(attended, attention.window),
-            rows,
+            self._norm(x, block.attention_norm), block.attention, caches, start, attended, rows
         )
         if block.post_attention_norm is not None:
             out = self._norm(out, block.post_attention_norm)
@@ -179,6 +174,7 @@ class DecoderModule(tf.Module):
         positions = tf.reduce_sum(tf.cast(attended, tf.int32), [1, 3]) - 1  # (batch, seq)
         positions = tf.maximum(positions, 0)  # a padding query (no slot): any row
         rows = {}  # id(Rope) -> its (cos, sin) rows at `positions`, one gather per table
+        windowed = {}  # window -> the slots each query sees, one mask per width
         x = tf.gather(decoder.embedding, tokens)
         if decoder.embedding_scale != 1.0:
             x = x * decoder.embedding_scale
@@ -187,8 +183,11 @@ class DecoderModule(tf.Module):
             rope = block.attention.rope or decoder.rope
             if id(rope) not in rows:
                 rows[id(rope)] = (tf.gather(rope.cos, positions), tf.gather(rope.sin, positions))
+            window = block.attention.window
+            if window not in windowed:
+                windowed[window] = self._windowed(attended, window)
             x, key_cache, value_cache = self._block(
-                x, block, caches[2 * i : 2 * i + 2], input_pos[0], attended, rows[id(rope)]
+                x, block, caches[2 * i : 2 * i + 2], input_pos[0], windowed[window], rows[id(rope)]
             )
             updated += [key_cache, value_cache]
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
