@@ -2,7 +2,11 @@
 
 Each family's tiny random model (`keras_hub_models.py`) is exported and must generate
 keras_hub's greedy tokens over 64 steps, batch 1 and a left-padded batch 4, with logits
-within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder). The
+within 1e-5 + 1e-4·|x| (what `save_decoder` checks before it keeps the folder); the
+LiteRT file too for the families that between them have every optional part (Qwen2's
+biases; Gemma 2's soft caps, windows, post norms, GeGLU and embedding scale; Gemma 3's
+q/k norms and per-layer tables), its converter taking seconds a model; and the
+standard-op graph (`attention="standard"`) for the same families. The
 reference, keras_hub's `call_with_cache` driven as `generate()` drives it, is checked
 against `generate()` itself; the settings each family adds (the sliding window, the
 biases, the q/k norms, soft caps, Gemma 3's global RoPE, llama3 scaling) are checked to
@@ -25,8 +29,9 @@ from keras_hub_models import FAMILIES, MAX_LENGTH, VOCABULARY, tiny_causal_lm
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
+from keras_posenc.export.decoder.greedy import keras_greedy
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
+from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild
 
 
 @functools.cache
@@ -35,18 +40,38 @@ def _tiny(family: str):
     return tiny_causal_lm(family)
 
 
+# The families whose LiteRT file is verified too (every optional part between them).
+LITERT_FAMILIES = ("qwen2", "gemma2", "gemma3")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_generates_as_keras_hub(tmp_path, family):
     causal_lm = _tiny(family)
-    report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH)
+    litert = family in LITERT_FAMILIES
+    formats = ("onnx", "litert") if litert else ("onnx",)
+    report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     assert report["passed"]
     assert [case["steps"] for case in report["cases"]] == [64, 64]
+    runtimes = ["onnxruntime", "litert"] if litert else ["onnxruntime"]
     for case in report["cases"]:
-        result = case["runtimes"]["onnxruntime"]
-        assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
+        assert sorted(case["runtimes"]) == sorted(runtimes)
+        for result in case["runtimes"].values():
+            assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
+    assert (tmp_path / "out" / "model.tflite").exists() == litert
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     assert config["model"]["vocab_size"] == VOCABULARY
     assert config["model"]["context_length"] == MAX_LENGTH
+
+
+@pytest.mark.parametrize("family", LITERT_FAMILIES)
+def test_standard_graph_generates_as_keras_hub(tmp_path, family):
+    report = save_decoder(
+        _tiny(family), tmp_path / "out", max_length=MAX_LENGTH, attention="standard"
+    )
+    assert report["passed"] and report["attention"] == "standard"
+    for case in report["cases"]:
+        result = case["runtimes"]["onnxruntime"]
+        assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
 
 
 def _onnx_run(decoder, case):
@@ -163,15 +188,33 @@ def test_refusals(tmp_path):
             max_sequence_length=64,
         )
     )
-    # Qwen2's biases are a part only the GroupQueryAttention graph writes.
-    with pytest.raises(ExportError, match="standard-op graph .* does not write q/k/v biases"):
-        save_decoder(_tiny("qwen2"), tmp_path / "standard", max_length=64, attention="standard")
-    with pytest.raises(ExportError, match="LiteRT decoder .* does not write q/k/v biases"):
-        save_decoder(_tiny("qwen2"), tmp_path / "litert", max_length=64, formats=("litert",))
-    assert not (tmp_path / "standard").exists() and not (tmp_path / "litert").exists()
     with pytest.raises(ExportError, match="GPT2CausalLM is not one of them"):
         save_decoder(gpt2, tmp_path / "gpt2", max_length=64)
     assert not (tmp_path / "gpt2").exists()
+
+
+@pytest.mark.parametrize("family", ["llama3", "phi3"])
+def test_rebuild_generates_as_keras_hub(family):
+    """The package's own layers with keras_hub's weights (llama3 and su scaling: the
+    RoPE settings are carried over, not only the weights)."""
+    causal_lm = _tiny(family)
+    _, step = rebuild(causal_lm, MAX_LENGTH)
+    case = {**decoder_cases(VOCABULARY, MAX_LENGTH)[1], "steps": 24}
+    prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
+    expected = keras_hub_greedy(causal_lm)(prompts, mask, steps)
+    result = compare_greedy(expected, keras_greedy(step, prompts, mask, steps), mask)
+    assert result["passed"], result
+
+
+def test_rebuild_refuses_the_parts_decoder_blocks_lack():
+    with pytest.raises(ExportError, match="has q/k/v biases, which keras_posenc's DecoderBlock"):
+        rebuild(_tiny("qwen2"), MAX_LENGTH)
+    with pytest.raises(ExportError, match="has GeGLU MLPs, an embedding scale, which"):
+        rebuild(_tiny("gemma"), MAX_LENGTH)
+    with pytest.raises(ExportError, match="has sliding windows"):
+        rebuild(_tiny("mistral"), MAX_LENGTH)
+    # A window as wide as the cache masks nothing: Mistral then rebuilds.
+    rebuild(tiny_causal_lm("mistral", sliding_window=MAX_LENGTH), MAX_LENGTH)
 
 
 def test_keras_hub_is_not_imported_by_the_package():

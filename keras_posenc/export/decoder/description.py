@@ -129,7 +129,8 @@ class Decoder:
 
 def optional_parts(decoder: Decoder) -> list[str]:
     """The optional parts `decoder` uses (keras_hub's families), by name; `[]` for the
-    package's own decoders. An emitter that does not write a part must refuse it."""
+    package's own decoders. Every emitter (GroupQueryAttention, standard-op, LiteRT) writes
+    them all."""
     blocks = decoder.blocks
     attentions = [block.attention for block in blocks]
     used = {
@@ -151,17 +152,6 @@ def optional_parts(decoder: Decoder) -> list[str]:
         "a final logit soft cap": bool(decoder.final_softcap),
     }
     return [name for name, present in used.items() if present]
-
-
-def refuse_optional_parts(decoder: Decoder, emitter: str) -> None:
-    """An ExportError naming the optional parts of `decoder` that `emitter` cannot write."""
-    parts = optional_parts(decoder)
-    if parts:
-        raise ExportError(
-            f"The {emitter} does not write {', '.join(parts)} yet, which this decoder has "
-            "(a keras_hub family's settings); export it with attention='gqa' and "
-            "formats=('onnx',)."
-        )
 
 
 def _array(variable) -> np.ndarray:

@@ -10,6 +10,12 @@ return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}`
 `kv_cache_v_{i}` (litert-torch's names; the cache is fixed-size and written with one
 `DYNAMIC_UPDATE_SLICE` per tensor, so a runtime can keep one buffer per tensor).
 
+Every part a `Decoder` may have is written (keras_hub's families: q/k/v biases, per-head
+q/k norms, sliding windows, soft caps, per-layer RoPE tables, post norms, GeGLU, the
+embedding scale). A sliding window counts tokens, not slots: a key's position is the
+count of slots the query's row attends to up to it, less one, so left padding inside
+the window does not narrow it.
+
 A token's RoPE position is the count of slots its row of `mask` lets it attend to, less
 one (itself): the count of real tokens before it, as in the ONNX file and in Keras's
 `positions_from_mask`. Without padding that is `input_pos`. A query that attends to no
@@ -28,13 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
-from keras_posenc.export.decoder.description import (
-    Attention,
-    Decoder,
-    Mlp,
-    Norm,
-    refuse_optional_parts,
-)
+from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp, Norm, Rope
 from keras_posenc.export.errors import ExportError
 
 SIGNATURES = ("prefill", "decode")
@@ -50,7 +50,6 @@ class DecoderModule(tf.Module):
     """The `prefill` and `decode` functions of a `Decoder` (see the module docstring)."""
 
     def __init__(self, decoder: Decoder):
-        refuse_optional_parts(decoder, "LiteRT decoder (formats=('litert',))")
         super().__init__(name="decoder")
         self.decoder = decoder
         first = decoder.attention
@@ -79,9 +78,8 @@ class DecoderModule(tf.Module):
         variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
         return x * tf.math.rsqrt(variance + norm.epsilon) * norm.scale
 
-    def _rotate(self, x, cos_rows, sin_rows):
+    def _rotate(self, x, rope: Rope, cos_rows, sin_rows):
         """RoPE on the first `rotary_dim` channels of `x` `(batch, seq, heads, dim)`."""
-        rope = self.decoder.rope
         half = rope.rotary_dim // 2
         rotary, rest = x[..., : 2 * half], x[..., 2 * half :]
         # expand_dims, not `[:, :, None]`: a new-axis slice is a Flex op in LiteRT.
@@ -102,18 +100,35 @@ class DecoderModule(tf.Module):
         if mlp.kind == "swiglu":
             gate = tf.matmul(h, mlp.gate)
             hidden = gate * tf.sigmoid(gate) * up
+        elif mlp.kind == "geglu":  # Gemma: tanh-approximated GELU of the gate, times up
+            hidden = tf.nn.gelu(tf.matmul(h, mlp.gate), approximate=True) * up
         else:
             hidden = tf.nn.gelu(up, approximate=False)
         return tf.matmul(hidden, mlp.down)
 
+    @staticmethod
+    def _capped(x, cap: float):
+        """`cap * tanh(x / cap)` (a soft cap), `x` itself when `cap` is 0."""
+        return cap * tf.tanh(x / cap) if cap else x
+
+    def _heads(self, h, kernel, bias, norm: Norm | None, heads: int):
+        """`h @ kernel (+ bias)` as `(batch, seq, heads, head_dim)`, normed per head."""
+        x = tf.matmul(h, kernel)
+        if bias is not None:
+            x = x + bias
+        x = tf.reshape(x, [tf.shape(h)[0], tf.shape(h)[1], heads, self.head_dim])
+        return x if norm is None else self._norm(x, norm)
+
     def _attention(self, h, a: Attention, caches, start, attended, rows):
-        """One layer: `(output, key_cache, value_cache)`, the caches written at `start`."""
+        """One layer: `(output, key_cache, value_cache)`, the caches written at `start`;
+        `attended` `(batch, 1, seq, slots)` the slots this layer's queries see."""
         batch, steps = tf.shape(h)[0], tf.shape(h)[1]
         kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
-        q = tf.reshape(tf.matmul(h, a.query), [batch, steps, a.num_heads, head_dim])
-        k = tf.reshape(tf.matmul(h, a.key), [batch, steps, kv_heads, head_dim])
-        v = tf.reshape(tf.matmul(h, a.value), [batch, steps, kv_heads, head_dim])
-        q, k = self._rotate(q, *rows), self._rotate(k, *rows)
+        q = self._heads(h, a.query, a.query_bias, a.query_norm, a.num_heads)
+        k = self._heads(h, a.key, a.key_bias, a.key_norm, kv_heads)
+        v = self._heads(h, a.value, a.value_bias, None, kv_heads)
+        rope = a.rope or self.decoder.rope
+        q, k = self._rotate(q, rope, *rows), self._rotate(k, rope, *rows)
         at = tf.stack([0, 0, start, 0])
         key_cache, value_cache = (
             xla.dynamic_update_slice(cache, tf.transpose(new, [0, 2, 1, 3]), at)
@@ -121,7 +136,7 @@ class DecoderModule(tf.Module):
         )
         # Query head h reads key/value head h // groups: (batch, kv, groups * steps, dim).
         q = tf.reshape(tf.transpose(q, [0, 2, 1, 3]), [batch, kv_heads, groups * steps, head_dim])
-        scores = tf.matmul(q * a.scale, key_cache, transpose_b=True)
+        scores = self._capped(tf.matmul(q * a.scale, key_cache, transpose_b=True), a.softcap)
         scores = tf.reshape(scores, [batch, kv_heads, groups, steps, self.slots])
         scores = tf.where(tf.expand_dims(attended, 1), scores, _MASKED)
         weights = tf.reshape(tf.nn.softmax(scores), [batch, kv_heads, groups * steps, self.slots])
@@ -129,29 +144,56 @@ class DecoderModule(tf.Module):
         out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [batch, steps, a.num_heads * head_dim])
         return tf.matmul(out, a.output), key_cache, value_cache
 
+    @staticmethod
+    def _windowed(attended, window: int | None):
+        """The attended slots within `window` tokens of the query (counted over the slots
+        the row attends to: left padding is not a token)."""
+        if window is None:
+            return attended
+        counts = tf.cumsum(tf.cast(attended, tf.int32), axis=-1)  # a key's position + 1
+        total = counts[..., -1:]  # the query's position + 1
+        return tf.logical_and(attended, total - counts < window)
+
+    def _block(self, x, block: Block, caches, start, attended, rows):
+        """`(x, key_cache, value_cache)` after one block's two residual branches;
+        `attended` the slots its queries see (its window applied)."""
+        out, key_cache, value_cache = self._attention(
+            self._norm(x, block.attention_norm), block.attention, caches, start, attended, rows
+        )
+        if block.post_attention_norm is not None:
+            out = self._norm(out, block.post_attention_norm)
+        x = x + out
+        out = self._mlp(self._norm(x, block.mlp_norm), block.mlp)
+        if block.post_mlp_norm is not None:
+            out = self._norm(out, block.post_mlp_norm)
+        return x + out, key_cache, value_cache
+
     def _step(self, tokens, input_pos, mask, *caches):
         decoder = self.decoder
         attended = mask >= 0  # (batch, 1, seq, slots)
         positions = tf.reduce_sum(tf.cast(attended, tf.int32), [1, 3]) - 1  # (batch, seq)
         positions = tf.maximum(positions, 0)  # a padding query (no slot): any row
-        rows = (tf.gather(decoder.rope.cos, positions), tf.gather(decoder.rope.sin, positions))
+        rows = {}  # id(Rope) -> its (cos, sin) rows at `positions`, one gather per table
+        windowed = {}  # window -> the slots each query sees, one mask per width
         x = tf.gather(decoder.embedding, tokens)
+        if decoder.embedding_scale != 1.0:
+            x = x * decoder.embedding_scale
         updated = []
         for i, block in enumerate(decoder.blocks):
-            attended_out, key_cache, value_cache = self._attention(
-                self._norm(x, block.attention_norm),
-                block.attention,
-                caches[2 * i : 2 * i + 2],
-                input_pos[0],
-                attended,
-                rows,
+            rope = block.attention.rope or decoder.rope
+            if id(rope) not in rows:
+                rows[id(rope)] = (tf.gather(rope.cos, positions), tf.gather(rope.sin, positions))
+            window = block.attention.window
+            if window not in windowed:
+                windowed[window] = self._windowed(attended, window)
+            x, key_cache, value_cache = self._block(
+                x, block, caches[2 * i : 2 * i + 2], input_pos[0], windowed[window], rows[id(rope)]
             )
             updated += [key_cache, value_cache]
-            x = x + attended_out
-            x = x + self._mlp(self._norm(x, block.mlp_norm), block.mlp)
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
         if decoder.head_bias is not None:
             logits = logits + decoder.head_bias
+        logits = self._capped(logits, decoder.final_softcap)
         names = cache_names(decoder.num_layers)
         return {"logits": logits, **dict(zip(names, updated, strict=True))}
 

@@ -6,6 +6,7 @@ Without biases or per-head norms: one MatMul of the packed `[query | key | value
 three are separate MatMuls, and the query and key are normed over each head's `head_dim`
 (`SimplifiedLayerNormalization` on `(batch, sequence, heads, head_dim)`), as the genai
 builder does for those families: GroupQueryAttention then takes them as three inputs.
+In the standard-op graph the head norms are ONNX's `RMSNormalization`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _biased(g: GraphBuilder, x: str, kernel: np.ndarray, bias, name: str) -> str
 def _head_norm(g: GraphBuilder, x: str, norm: Norm, heads: int, head_dim: int, name: str):
     by_head = g.node("Reshape", [x, g.constant([0, 0, heads, head_dim], np.int64)])
     normed = g.node(
-        "SimplifiedLayerNormalization",
+        "RMSNormalization" if g.standard else "SimplifiedLayerNormalization",
         [by_head, g.initializer(f"{name}.weight", norm.scale)],
         axis=-1,
         epsilon=norm.epsilon,

@@ -19,14 +19,21 @@ before it in its row of the mask, as the interface defines. The mask lets query 
 see slot `s` when `s <= past + j` and the slot is a real token, and always its own
 slot: a padding token then attends to itself, keeping its keys and values finite
 (an all-false row would be NaN, and NaN values times a zero weight are still NaN).
+
+keras_hub's parts: the q/k/v biases and per-head norms as `projection.py` writes them
+(then `Split` only for the packed form), soft caps as `Attention`'s `softcap`, one
+cos/sin pair per distinct table (Gemma 3's local and global layers), and a sliding
+window as one more mask per window: slot `s` within `window` tokens of the query, a
+key's position the count of 1s of the mask up to its slot, less one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc.export.decoder.description import Attention, Decoder, refuse_optional_parts
+from keras_posenc.export.decoder.description import Attention, Decoder, Rope
 from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.projection import attention_inputs
 
 STANDARD_OPSET = 23
 
@@ -35,7 +42,6 @@ class StandardAttention:
     """Emits the graph's mask-derived inputs once, then one attention per layer."""
 
     def __init__(self, decoder: Decoder):
-        refuse_optional_parts(decoder, "standard-op graph (attention='standard')")
         self.decoder = decoder
 
     def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
@@ -63,8 +69,14 @@ class StandardAttention:
             [g.constant([0, 0, 0], i64), g.node("Sub", [slots, total])],
             axis=0,
         )
-        real = g.node("Cast", [g.node("Pad", [attention_mask, pads])], to=9)  # bool (B, slots)
+        padded = g.node("Pad", [attention_mask, pads])  # (B, slots)
+        real = g.node("Cast", [padded], to=9)  # bool
         real = g.node("Unsqueeze", [real, g.constant([1, 2], i64)])  # (B, 1, 1, slots)
+        # A key's position + 1 (B, 1, 1, slots), a query's (B, 1, S, 1): for the windows.
+        key_counts = g.node("CumSum", [padded, g.constant(1, i64)])
+        self.key_counts = g.node("Unsqueeze", [key_counts, g.constant([1, 2], i64)])
+        query_counts = g.node("Add", [self.positions, g.constant(1, i64)])
+        self.query_counts = g.node("Unsqueeze", [query_counts, g.constant([1, 3], i64)])
         steps = g.node(
             "Range",
             [
@@ -80,13 +92,25 @@ class StandardAttention:
             [g.node("Range", [g.constant(0, i64), end, g.constant(1, i64)]), g.constant([0], i64)],
         )  # (1, slots)
         causal = g.node("LessOrEqual", [columns, own])  # (S, slots)
-        visible = g.node("Or", [g.node("And", [real, causal]), g.node("Equal", [columns, own])])
-        groups = self.decoder.attention.num_heads // self.decoder.attention.kv_num_heads
-        self.mask = g.node("Tile", [visible, g.constant([1, 1, groups, 1], i64)])
-        rope = self.decoder.rope
-        self.cos = g.initializer("cos_cache", rope.cos)
-        self.sin = g.initializer("sin_cache", rope.sin)
+        self.visible = g.node("And", [real, causal])
+        self.own = g.node("Equal", [columns, own])
+        self._masks = {}  # window (None: none) -> the boolean mask of `Attention`
+        self._tables = {}  # id(Rope) -> (cos, sin) initializers, one pair per distinct table
         return input_ids
+
+    def _mask(self, g: GraphBuilder, window: int | None) -> str:
+        """`Attention`'s mask `(B, 1, groups * S, slots)` for a layer with `window`."""
+        if window not in self._masks:
+            visible = self.visible
+            if window is not None:  # key position > query position - window
+                lowest = g.node("Sub", [self.query_counts, g.constant(window, np.int64)])
+                near = g.node("Greater", [self.key_counts, lowest])
+                visible = g.node("And", [visible, near])
+            visible = g.node("Or", [visible, self.own])
+            groups = self.decoder.attention.num_heads // self.decoder.attention.kv_num_heads
+            repeats = g.constant([1, 1, groups, 1], np.int64)
+            self._masks[window] = g.node("Tile", [visible, repeats])
+        return self._masks[window]
 
     def _write_indices(self, g: GraphBuilder, batch: str, length: str, past: str) -> str:
         """ScatterND's `(B, kv_heads, S, 3)` indices: `(row, head, past + j)`."""
@@ -116,11 +140,15 @@ class StandardAttention:
         shape = g.constant([0, 0, heads, self.decoder.attention.head_dim], np.int64)
         return g.node("Transpose", [g.node("Reshape", [x, shape])], perm=[0, 2, 1, 3])
 
-    def _rotate(self, g: GraphBuilder, x: str, heads: int) -> str:
-        rope = self.decoder.rope
+    def _rotate(self, g: GraphBuilder, x: str, heads: int, rope: Rope) -> str:
+        if id(rope) not in self._tables:
+            self._tables[id(rope)] = (
+                g.initializer("cos_cache", rope.cos),
+                g.initializer("sin_cache", rope.sin),
+            )
         return g.node(
             "RotaryEmbedding",
-            [x, self.cos, self.sin, self.positions],
+            [x, *self._tables[id(rope)], self.positions],
             interleaved=int(rope.interleaved),
             rotary_embedding_dim=rope.rotary_dim,
             num_heads=heads,  # onnxruntime 1.23 wants it with rotary_embedding_dim
@@ -128,13 +156,14 @@ class StandardAttention:
 
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
         """One layer's attention output; writes `present.{i}.key|value`."""
-        packed = np.concatenate([attention.query, attention.key, attention.value], axis=1)
-        qkv = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.attn.qkv_proj", packed)])
-        kv_width = attention.kv_num_heads * attention.head_dim
-        sizes = g.constant([attention.num_heads * attention.head_dim, kv_width, kv_width], np.int64)
-        q, k, v = g.node("Split", [qkv, sizes], 3, axis=-1)
-        q = self._rotate(g, self._heads(g, q, attention.num_heads), attention.num_heads)
-        k = self._rotate(g, self._heads(g, k, attention.kv_num_heads), attention.kv_num_heads)
+        q, k, v = attention_inputs(g, i, hidden, attention)
+        if not k:  # the packed [query | key | value]
+            kv_width = attention.kv_num_heads * attention.head_dim
+            widths = [attention.num_heads * attention.head_dim, kv_width, kv_width]
+            q, k, v = g.node("Split", [q, g.constant(widths, np.int64)], 3, axis=-1)
+        rope = attention.rope or self.decoder.rope
+        q = self._rotate(g, self._heads(g, q, attention.num_heads), attention.num_heads, rope)
+        k = self._rotate(g, self._heads(g, k, attention.kv_num_heads), attention.kv_num_heads, rope)
         v = self._heads(g, v, attention.kv_num_heads)
         caches = [
             g.node(
@@ -148,7 +177,12 @@ class StandardAttention:
         head_dim = attention.head_dim
         grouped = g.constant([0, attention.kv_num_heads, -1, head_dim], np.int64)
         q = g.node("Reshape", [q, grouped])
-        output = g.node("Attention", [q, *caches, self.mask], scale=attention.scale)
+        output = g.node(
+            "Attention",
+            [q, *caches, self._mask(g, attention.window)],
+            scale=attention.scale,
+            softcap=attention.softcap,
+        )
         heads = g.constant([0, attention.num_heads, -1, head_dim], np.int64)
         output = g.node("Reshape", [output, heads])
         output = g.node("Transpose", [output], perm=[0, 2, 1, 3])
