@@ -491,7 +491,8 @@ def _transformers_rotated_channels(raw: dict) -> int | None:
 
     try:
         model = transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**raw))
-    except Exception:  # phi, stablelm: a KeyError when built; phi3: its config's validation
+    except Exception as error:  # phi, stablelm: a KeyError when built; phi3: its validation
+        assert "partial_rotary_factor" in str(error) or "NoneType" in str(error), error
         return None
     (rotary,) = (m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
     return 2 * rotary.inv_freq.shape[-1]
