@@ -60,6 +60,7 @@ def _resolve_functions_by_name(tf_graph):
         try:
             function = tf_loader.function_def_to_graph(definition, input_shapes=shapes)
         except Exception:  # tf2onnx's own fallback: the function's shapes
+            tf_loader.logger.warning("shape mismatch between caller and function: %s", name)
             function = tf_loader.function_def_to_graph(definition)
         tf_loader.set_function(name, function)
         *_, called = tf_loader.tflist_to_onnx(function, {})
@@ -95,27 +96,28 @@ def number_address_names(proto: onnx.ModelProto) -> None:
     """Renames tf2onnx's `einsum<id>_...` tensors `einsum<n>_...`, in place, and orders each
     graph's initializers by name.
 
-    n counts the addresses in the order the nodes first read or make them. tf2onnx sorts
-    the constants by name, so by address, before it makes them initializers: by name again,
-    they are in one order. A renaming of one address to one number: tensors that shared a
-    name still do, and no new name is an old one (every old name of that form is renamed).
+    n counts those names in the order the nodes first read or make them (an address can be
+    reused by the next object: names, not addresses, are numbered). tf2onnx sorts the
+    constants by name, so by address, before it makes them initializers: by name again,
+    they are in one order. Every old name of that form is renamed, to a name of its own.
     """
     every_graph = list(graphs(proto.graph))
+    named = [
+        n for g in every_graph for node in g.node for n in (*node.input, *node.output, node.name)
+    ]
+    held = [t.name for g in every_graph for t in (*g.initializer, *g.value_info)]
+    unread = sorted(held, key=_address_free)
     numbers: dict[str, str] = {}
-    named = [n for g in every_graph for node in g.node for n in (*node.input, *node.output)]
-    unread = sorted((i.name for g in every_graph for i in g.initializer), key=_address_free)
     for name in (*named, *unread):
-        match = _ADDRESS_NAME.match(name)
-        if match is not None:
-            numbers.setdefault(match[1], str(len(numbers)))
+        if _ADDRESS_NAME.match(name):
+            numbers.setdefault(name, str(len(numbers)))
     if not numbers:
         return
 
     def renamed(name: str) -> str:
-        match = _ADDRESS_NAME.match(name)
-        if match is None:
+        if name not in numbers:
             return name
-        return f"einsum{numbers[match[1]]}_{name[match.end() :]}"
+        return _ADDRESS_NAME.sub(f"einsum{numbers[name]}_", name, count=1)
 
     for graph in every_graph:
         # The model's own inputs and outputs are the user's names (and never of that form).
