@@ -328,7 +328,10 @@ class RotaryEmbedding(keras.layers.Layer):
             config: a transformers config or its dict (`config.json` of transformers 4 or 5,
                 or `to_dict()`); see `keras_posenc.transformers_config` for the families read.
             layer_type: the layer type to read when the config has RoPE per layer type
-                (Gemma 3, ModernBERT: `"full_attention"` / `"sliding_attention"`).
+                (Gemma 3 and 4, ModernBERT, OLMo 3: `"full_attention"` /
+                `"sliding_attention"`). `keras_posenc.rope_per_layer` gives the RoPE of
+                every decoder layer at once, None for those without (NoPE, linear
+                attention, convolution).
             **overrides: further `RotaryEmbedding` arguments (`name`, `sequence_axis`, ...),
                 or ones that replace what the config gives.
 

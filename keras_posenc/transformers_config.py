@@ -265,7 +265,6 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         if chosen in (family.type_head_dim or {}):
             head_dim = _head_dim(config, model_type, chosen)
         theta, partial, scaling = entry_arguments(entry, config, family, None in entries, head_dim)
-        mrope = mrope_arguments(entry, family)
         if not family.reads_partial:
             partial = whole_head_factor(model_type, partial, scaling, head_dim)
         rotary_dim = int(head_dim * partial)
@@ -274,6 +273,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
             f"The config rotates {rotary_dim} of {head_dim} channels per head; that must be an "
             "even number no larger than the head."
         )
+    mrope = {} if family.fixed else mrope_arguments(entry, family, rotary_dim)
     if family.fixed and layer_type is not None:
         _chosen({None: {}}, [], layer_type)
     if rotary_dim <= _EARLY_CHECK_DIM:
@@ -285,7 +285,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
         "layout": family_layout,
         "rotary_dim": None if rotary_dim == head_dim else rotary_dim,
         "scaling": scaling,
-        **({} if family.fixed else mrope),
+        **mrope,
     }
 
 

@@ -50,6 +50,7 @@ def rope_entries(
     else:
         entries = {None: dict(parameters or {})}
     live = {name: entry for name, entry in entries.items() if entry is not None}
+    _no_null_factor(config, family)
     top = dict(config)
     if family.rotary_dim_key:
         # MiniMaxM2Config: partial_rotary_factor defaults to rotary_dim / head_dim.
@@ -85,6 +86,25 @@ def rope_entries(
             entry.setdefault("rope_theta", theta)
         entry.setdefault("partial_rotary_factor", family.partial)
     return entries
+
+
+def _no_null_factor(config: dict, family: Family) -> None:
+    """Refuses a null top-level `partial_rotary_factor` of a family whose attention reads it.
+
+    transformers' config classes keep the null (their default is a `setdefault`): phi and
+    stablelm then fail, phi3's validation refuses it, and the others drop it and rotate the
+    whole head, whatever the family's default. gpt_neox reads `rotary_pct` instead, and the
+    whole-head families never read it: there it is ignored, as transformers does.
+    """
+    legacy = any(rope_key == "partial_rotary_factor" for _, rope_key in family.legacy.values())
+    if "partial_rotary_factor" in config and config["partial_rotary_factor"] is None:
+        if family.reads_partial and not legacy:
+            raise ValueError(
+                "config['partial_rotary_factor'] is null, which transformers refuses for this "
+                "family or reads as the whole head (not its default of "
+                f"{family.partial}): give the fraction of each head that rotates, or remove the "
+                "key for the default."
+            )
 
 
 def _ntk_alpha(scaling: dict, head_dim: int) -> dict:
@@ -170,8 +190,12 @@ def entry_arguments(
     return theta, partial, None if rope_type == "default" else scaling
 
 
-def mrope_arguments(entry: dict, family: Family) -> dict:
-    """`mrope_section` / `mrope_interleaved` arguments of a multimodal RoPE family, else {}."""
+def mrope_arguments(entry: dict, family: Family, rotary_dim: int) -> dict:
+    """`mrope_section` / `mrope_interleaved` arguments of a multimodal RoPE family, else {}.
+
+    The section must fill the `rotary_dim` rotated channels: transformers fails on one that
+    does not (or, for Qwen3-VL's interleaving, cuts an axis short), and so would the layer.
+    """
     if family.mrope is None:
         if "mrope_section" in entry:
             raise ValueError(
@@ -195,6 +219,14 @@ def mrope_arguments(entry: dict, family: Family) -> dict:
             f"(temporal, height, width) such as {list(family.mrope)}, summing to half the "
             "rotated channels."
         ) from None
+    if 2 * sum(section) != rotary_dim:
+        whose = "The config's" if "mrope_section" in entry else "The family's default"
+        raise ValueError(
+            f"{whose} mrope_section {section} counts {sum(section)} channel pairs, but its "
+            f"heads rotate {rotary_dim} channels ({rotary_dim // 2} pairs): give an "
+            f"mrope_section that sums to {rotary_dim // 2} (pairs per axis: temporal, height, "
+            "width)."
+        )
     return {"mrope_section": section, "mrope_interleaved": family.mrope_interleaved}
 
 

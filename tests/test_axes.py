@@ -399,6 +399,7 @@ def test_mrope_keys_a_config_leaves_out_get_transformers_defaults(model_type):
 
     from keras_posenc.transformers_config import rotary_arguments
 
-    raw = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4}
+    # 128-channel heads: the default sections (64 pairs) fill them.
+    raw = {"model_type": model_type, "hidden_size": 512, "num_attention_heads": 4}
     config = transformers.AutoConfig.for_model(**raw)
     assert rotary_arguments(raw) == rotary_arguments(config) == rotary_arguments(config.to_dict())

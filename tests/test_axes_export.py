@@ -15,7 +15,6 @@ import functools
 import keras
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 import reference
 import tensorflow as tf
@@ -24,6 +23,7 @@ from keras_posenc import RotaryEmbedding, SinusoidalPositionalEncoding, grid_pos
 from keras_posenc import export as kpe
 from keras_posenc.export.litert import LiteRTRunner
 from keras_posenc.export.verify.coverage import position_axes, probe_positions
+from keras_posenc.export.verify.runtimes import onnx_session
 
 HEADS, DIM, WIDTH = 2, 8, 8
 LIMIT = 2**24
@@ -169,8 +169,8 @@ def exported(tmp_path_factory):
     return lambda name: (model(name), functools.partial(artifact, name))
 
 
-def _onnx_session(path) -> tuple[onnxruntime.InferenceSession, list[str]]:
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def _onnx_session(path) -> tuple:
+    session = onnx_session(path)
     return session, [o.name for o in session.get_outputs()]
 
 

@@ -77,9 +77,9 @@ def test_in_a_graph_a_cache_of_another_batch_fails_or_is_nan_never_broadcast():
 
 def test_in_onnx_a_cache_of_another_batch_gives_nan(tmp_path):
     import keras
-    import onnxruntime
 
     from keras_posenc import export as kpe
+    from keras_posenc.export.verify.runtimes import onnx_session
 
     tokens = keras.Input((None, WIDTH), name="tokens")
     cache = keras.Input((2, MAX_LENGTH, 2, HEAD_DIM), name="cache")
@@ -87,7 +87,7 @@ def test_in_onnx_a_cache_of_another_batch_gives_nan(tmp_path):
     output, new_cache = _layer()(tokens, tokens, cache=cache, cache_update_index=index)
     model = keras.Model([tokens, cache, index], {"output": output, "new_cache": new_cache})
     path = kpe.save_onnx(model, tmp_path / "step.onnx")
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(path)
     feeds = {"tokens": _tokens(batch=2), "cache": _cache(1), "index": np.array(0, np.int32)}
     (output,) = session.run(["output"], feeds)
     assert np.isnan(output).all()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import onnxruntime
 import pytest
 import tensorflow as tf
 
 from keras_posenc import RotaryGroupQueryAttention
 from keras_posenc.export import save_onnx, save_saved_model, verify_export
+from keras_posenc.export.verify.runtimes import onnx_session
 
 VOCABULARY, WIDTH, HEAD_DIM, QUERY_HEADS, KV_HEADS = 32, 32, 8, 4, 2
 MAX_LENGTH, PROMPT, STEPS = 80, 6, 64
@@ -99,7 +99,7 @@ def test_exported_decode_step_verifies_and_generates_like_keras(tmp_path, padded
     save_saved_model(model, saved)
     save_onnx(model, onnx_path)
 
-    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = onnx_session(onnx_path)
     shapes = {i.name: i.shape for i in session.get_inputs()}
     # The cache's fixed axes keep their sizes; batch and the new tokens stay dynamic.
     assert shapes["cache"][1:] == [2, MAX_LENGTH, KV_HEADS, HEAD_DIM]

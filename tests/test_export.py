@@ -17,7 +17,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
 import tensorflow as tf
 from onnx import numpy_helper
@@ -35,6 +34,7 @@ if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the rep
     sys.path.insert(0, str(REPOSITORY))
 
 from keras_posenc.export.encoders import DEFAULT_ENCODERS, build_encoder  # noqa: E402
+from keras_posenc.export.verify.runtimes import onnx_session  # noqa: E402
 
 SMALL_GRID = {"batch_sizes": (1, 3), "sequence_lengths": (2, 17), "repeats": 1}
 # For unbounded models: the cases that reach every cached row (4096 steps and more) are
@@ -121,10 +121,6 @@ def position_layers(tmp_path_factory):
         {"encoded": encoded, "learned": learned, "rotated": rotated},
     )
     return model, *export_all(model, tmp_path_factory.mktemp("position_layers"))
-
-
-def onnx_session(path: Path) -> onnxruntime.InferenceSession:
-    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 # --------------------------------------------------------------------------------------

@@ -455,3 +455,80 @@ def test_a_partial_rotary_factor_the_family_ignores_leaves_the_whole_head():
     # transformers' Llama attention rotates every channel; its default frequencies ignore it.
     assert rotary_arguments({**MISTRAL, "partial_rotary_factor": 0.5}) == arguments(1e4)
     assert rotary_arguments({**GPTJ, "partial_rotary_factor": 0.5})["rotary_dim"] == 64
+
+
+TINY = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "head_dim": 16,
+    "pad_token_id": 0,
+}
+
+
+@pytest.mark.parametrize(
+    "model_type, section",
+    [("qwen2_vl", [2, 3]), ("qwen2_vl", [3, 3, 3]), ("qwen3_vl_text", [2, 3])],
+)
+def test_an_mrope_section_that_does_not_fill_the_head_is_refused_when_read(model_type, section):
+    # A 16-channel head has 8 pairs. transformers fails in its split_with_sizes (Qwen2-VL)
+    # or its interleaving's indexing (Qwen3-VL, [2, 3]); it runs Qwen3-VL's [3, 3, 3] by
+    # cutting the last axis short, which is no section of 8 pairs either.
+    raw = {
+        **TINY,
+        "model_type": model_type,
+        "rope_scaling": {"type": "mrope", "mrope_section": section},
+    }
+    counted = sum(section)
+    with pytest.raises(
+        ValueError,
+        match=rf"mrope_section .* counts {counted} channel pairs.*"
+        r"16 channels \(8 pairs\).*sums to 8",
+    ):
+        rotary_arguments(raw)
+
+
+def _transformers_rotated_channels(raw: dict) -> int | None:
+    """The channels transformers' model rotates for `raw`, None where it refuses the config."""
+    import transformers
+
+    try:
+        model = transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**raw))
+    except Exception as error:  # phi, stablelm: a KeyError when built; phi3: its validation
+        assert "partial_rotary_factor" in str(error) or "NoneType" in str(error), error
+        return None
+    (rotary,) = (m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+    return 2 * rotary.inv_freq.shape[-1]
+
+
+@pytest.mark.parametrize(
+    "model_type, extra",
+    [
+        ("phi", {}),
+        ("stablelm", {}),
+        ("phi3", {}),
+        ("glm4_moe", {}),
+        ("qwen3_next", {"layer_types": ["full_attention"]}),
+        ("minimax_m2", {"rotary_dim": 8}),
+    ],
+)
+def test_a_null_partial_rotary_factor_is_refused_never_read_as_the_default(model_type, extra):
+    raw = {**TINY, "model_type": model_type, **extra}
+    default = rotary_arguments(raw)["rotary_dim"] or raw["head_dim"]
+    null = {**raw, "partial_rotary_factor": None}
+    # transformers refuses it, or rotates another part of the head than its default.
+    assert _transformers_rotated_channels(null) != default
+    with pytest.raises(ValueError, match=r"partial_rotary_factor.*null.*remove the key"):
+        rotary_arguments(null)
+
+
+def test_a_null_partial_rotary_factor_where_transformers_ignores_it_is_ignored():
+    # gpt_neox reads rotary_pct; a whole-head family never reads the factor.
+    for model_type in ("gpt_neox", "llama"):
+        raw = {**TINY, "model_type": model_type}
+        null = {**raw, "partial_rotary_factor": None}
+        assert rotary_arguments(null) == rotary_arguments(raw)
+        assert _transformers_rotated_channels(null) == (rotary_arguments(raw)["rotary_dim"] or 16)

@@ -29,6 +29,7 @@ from keras_posenc.export.signature import (
     named_outputs,
     serving_function,
 )
+from keras_posenc.export.tf2onnx_order import deterministic_order, number_address_names
 
 DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
@@ -169,6 +170,7 @@ def onnx_model(
             with (
                 _environment(TF2ONNX_CATCH_ERRORS=catch_errors),
                 converter_output("tf2onnx"),
+                deterministic_order(),
                 _tf.tracing_for_a_converter(),
                 bounded_tracing(model, max_sequence_length),
             ):
@@ -182,6 +184,7 @@ def onnx_model(
                     f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
                 ) from error
 
+    number_address_names(proto)
     # ONNX has no Erfc (the exact gelu): 1 - Erf.
     onnx_passes.replace_erfc(proto)
     for rewrite in GRAPH_PASSES if passes is None else passes:

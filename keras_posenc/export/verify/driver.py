@@ -2,7 +2,8 @@
 
 `verify_export` is five steps, each a function here: the artifacts (`artifact_paths`), the
 reference and the cases (`plan`), each case run on every runtime and compared
-(`run_case`), and the report (`assemble_report`), written and raised on. What is run is
+(`run_cases`, one `run_case` each), the audit of the stored tables (`tables.audit_tables`),
+and the report (`assemble_report`), written and raised on. What is run is
 `coverage`; the runners, `runtimes`; how outputs are compared, `compare`; the sizes and
 the lines of the report, `report`; the audit of every stored table row, `tables`.
 """
@@ -173,27 +174,11 @@ def verify_export(
     runtimes = Runtimes(planned.model, paths)
     compared = runtimes.names if planned.twin is not None else runtimes.names[1:]
     started = time.perf_counter()
-    cases, covered, covered_axes = [], [], {}
-    to_time = None if timed_shapes is None else {tuple(shape) for shape in timed_shapes}
-    for shape in planned.cases:
-        feeds = planned.feeds_for(shape)
-        covered.append(covered_positions(planned.model, feeds, shape["sequence"]))
-        for name, per_axis in covered_coordinates(planned.model, feeds).items():
-            covered_axes.setdefault(name, []).append(per_axis)
-        key = (shape["batch"], shape["sequence"])
-        timed = to_time is None or key in to_time
-        if to_time is not None:
-            to_time.discard(key)
-        cases.append(run_case(planned, runtimes, compared, shape, feeds, repeats if timed else 0))
-        if progress is not None:
-            progress(progress_line(cases[-1], compared))
+    cases, covered = run_cases(planned, runtimes, compared, repeats, timed_shapes, progress)
     audits = audit_tables(planned.model, paths, planned.longest)
     report = assemble_report(
-        model, planned, runtimes, compared, paths, cases, (covered, covered_axes), repeats, started
+        model, planned, runtimes, compared, paths, cases, covered, audits, repeats, started
     )
-    report["tables"] = audits
-    report["notes"] = report["notes"] + unaudited_tables(audits)
-    report["passed"] = report["passed"] and all(a["passed"] for a in audits.values())
     if report_path is not None:
         write_json(report, report_path)
     if raise_on_failure and not report["passed"]:
@@ -270,6 +255,33 @@ def plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)
     return Plan(exported, notes, tolerance, twin, longest, cases, feeds_for)
 
 
+def run_cases(
+    planned: Plan,
+    runtimes: Runtimes,
+    compared: list[str],
+    repeats: int,
+    timed_shapes: Sequence[tuple[int, int]] | None,
+    progress: Callable[[str], None] | None,
+) -> tuple[list[dict], tuple[list, dict]]:
+    """Every planned case run (`run_case`), timed where `timed_shapes` says, and reported to
+    `progress`; with the positions each covered (`assemble_report`'s `covered`)."""
+    cases, covered, covered_axes = [], [], {}
+    to_time = None if timed_shapes is None else {tuple(shape) for shape in timed_shapes}
+    for shape in planned.cases:
+        feeds = planned.feeds_for(shape)
+        covered.append(covered_positions(planned.model, feeds, shape["sequence"]))
+        for name, per_axis in covered_coordinates(planned.model, feeds).items():
+            covered_axes.setdefault(name, []).append(per_axis)
+        key = (shape["batch"], shape["sequence"])
+        timed = to_time is None or key in to_time
+        if to_time is not None:
+            to_time.discard(key)  # the first case of each timed shape
+        cases.append(run_case(planned, runtimes, compared, shape, feeds, repeats if timed else 0))
+        if progress is not None:
+            progress(progress_line(cases[-1], compared))
+    return cases, (covered, covered_axes)
+
+
 def run_outputs(calls: dict[str, Callable[[], dict]]) -> dict[str, dict]:
     """Each runtime's outputs (this is also the warm-up), or `{"error": ...}` where it raised.
 
@@ -319,15 +331,17 @@ def run_case(
 
 
 def assemble_report(
-    model, planned: Plan, runtimes, compared, paths, cases, covered, repeats, started
+    model, planned: Plan, runtimes, compared, paths, cases, covered, audits, repeats, started
 ) -> dict:
     """The report of `verify_export` (its Returns say what it holds); `covered` is
-    `(positions per case, {multi-axis input: [coordinates per case]})`."""
+    `(positions per case, {multi-axis input: [coordinates per case]})`, `audits` the
+    `tables.audit_tables` of the artifacts."""
     low_precision = planned.twin is not None
     limit = position_limit(planned.model, planned.longest)
     return {
         "model": model.name,
-        "passed": all(case["passed"] for case in cases),
+        "passed": all(case["passed"] for case in cases)
+        and all(audit["passed"] for audit in audits.values()),
         **{PATH_KEYS[name]: str(path) for name, path in paths.items()},
         "runtimes": runtimes.names,
         "reference": "keras float32 twin" if low_precision else "keras",
@@ -338,8 +352,9 @@ def assemble_report(
         "positions": covered_report(limit, position_inputs(planned.model), *covered),
         "repeats": repeats,
         "seconds": round(time.perf_counter() - started, 2),
-        "notes": planned.notes,
+        "notes": planned.notes + unaudited_tables(audits),
         "sizes": artifact_sizes(planned.model, paths, planned.longest),
         "summary": summarize(cases, runtimes.names, compared),
         "cases": cases,
+        "tables": audits,
     }
