@@ -26,6 +26,7 @@ from keras_posenc._tf.private import (  # noqa: F401
     causal_mask,
     frozen_named_outputs,
     get_keras_mask,
+    graph_functions,
     graph_in_xla_context,
     masked_softmax,
     replace_weight,

@@ -36,6 +36,7 @@ __all__ = [
     "causal_mask",
     "frozen_named_outputs",
     "get_keras_mask",
+    "graph_functions",
     "graph_in_xla_context",
     "masked_softmax",
     "replace_weight",
@@ -47,6 +48,12 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------
 # TensorFlow
+
+
+def graph_functions(graph: tf.Graph) -> dict:
+    """The function definitions a graph holds, by name (what tf2onnx's `resolve_functions`
+    walks, read the way it reads them; no public API lists them with their definitions)."""
+    return graph._functions
 
 
 def graph_in_xla_context() -> bool:
