@@ -81,7 +81,9 @@ def save_decoder(
             (7.7 s and 34 s for 3.5M and 25M parameters, against 0.1 s and 0.6 s), and
             a plain flatbuffer holds at most 2 GB.
         bfloat16: what to do with a bfloat16 model (the files are float32): `"float32"`
-            exports and verifies a float32 copy (with a warning), `"error"` refuses.
+            exports and verifies a float32 copy (with a warning), `"error"` refuses. A
+            keras_hub model is always refused unless float32: its reference is keras_hub's
+            own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
 
