@@ -240,7 +240,8 @@ def test_a_multimodal_config_gives_attention_with_its_mrope(model_type, interlea
     if model_type == "qwen3_vl":
         config = {
             "model_type": model_type,
-            "text_config": {**config, "model_type": "qwen3_vl_text"},
+            # Qwen3-VL's text config has its own head_dim (default 128), not width / heads.
+            "text_config": {**config, "model_type": "qwen3_vl_text", "head_dim": 16},
         }
     layer = RotaryGroupQueryAttention.from_transformers_config(config)
     rope = layer.rotary_embedding
