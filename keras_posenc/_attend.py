@@ -77,19 +77,21 @@ def tempered(queries, temperature, first_index):
     return tf.cast(tf.cast(queries, wide) * tf.cast(scale, wide), queries.dtype)
 
 
-def within_chunks(mask, chunk_size: int | None, sizes, padding_masks):
+def within_chunks(mask, chunk_size: int | None, sizes, start_indices, padding_masks):
     """`mask` (None or `(batch, steps, sources)`) and-ed with Llama 4's chunked attention.
 
-    Query `i` sees key `j` only when `(i - p) // chunk_size == (j - p') // chunk_size`: `p`,
-    `p'` the left padding of the queries' and the keys' rows (`padding_masks`, each None or
+    Query `i` sees key `j` only when `(s + i - p) // chunk_size == (s' + j - p') //
+    chunk_size`: `s`, `s'` the index in the sequence of the first query and of the first key
+    (`start_indices`, as `query_start_index` / `key_start_index` give them), `p`, `p'` the
+    left padding of the queries' and the keys' rows (`padding_masks`, each None or
     `(batch, length)`), so that chunks start at a row's first real token, as transformers
     counts them. `sizes` is `(steps, sources)`.
     """
     if chunk_size is None:
         return mask
     chunks = [
-        chunk_of(tf.range(size), padding, chunk_size)
-        for size, padding in zip(sizes, padding_masks, strict=True)
+        chunk_of(tf.cast(start, tf.int32) + tf.range(size), padding, chunk_size)
+        for size, start, padding in zip(sizes, start_indices, padding_masks, strict=True)
     ]
     # expand_dims, not `[None]`: LiteRT runs a new-axis StridedSlice only as a Flex op.
     same = tf.equal(tf.expand_dims(chunks[0], -1), tf.expand_dims(chunks[1], -2))

@@ -161,7 +161,12 @@ class RotaryAttention:
             heads[:2] = self._rotate_queries_and_keys(*heads[:2], key is query, query_at, key_at)
             heads[0] = tempered(heads[0], self.query_temperature, query_start_index)
             attention_mask, causal_only = self._mask_without_cache(
-                query, value, masks, attention_mask, use_causal_mask
+                query,
+                value,
+                masks,
+                attention_mask,
+                use_causal_mask,
+                (query_start_index, key_start_index),
             )
             new_cache = None
         else:
@@ -231,9 +236,16 @@ class RotaryAttention:
         axes = 1 if self.rotary_embedding is None else self.rotary_embedding._axes
         return positions if axes == 1 else tf.stack([positions] * axes, -1)
 
-    def _mask_without_cache(self, query, value, masks: dict, attention_mask, use_causal_mask):
+    def _mask_without_cache(
+        self, query, value, masks: dict, attention_mask, use_causal_mask, start_indices
+    ):
         """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
-        or none when the causal mask alone applies (`attend` then makes it itself)."""
+        or none when the causal mask alone applies (`attend` then makes it itself).
+
+        Chunks count from the index of each token in the sequence, `start_indices` (the
+        first query's and the first key's) on: the index, as for the temperature, not the
+        positions (Llama 4's `cache_position`).
+        """
         causal_only = (
             use_causal_mask
             and all(mask is None for mask in masks.values())
@@ -259,6 +271,7 @@ class RotaryAttention:
                 attention_mask,
                 self.attention_chunk_size,
                 (tf.shape(query)[1], tf.shape(value)[1]),
+                start_indices,
                 (masks["query_mask"], key_padding),
             )
         return attention_mask, causal_only

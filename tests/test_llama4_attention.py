@@ -173,6 +173,37 @@ def test_chunks_of_a_left_padded_row_start_at_its_first_token_as_in_transformers
                 np.testing.assert_allclose(full[real], expected[i][real], rtol=0, atol=1e-5)
 
 
+def _causal(steps: int, start: int, sources: int, first_key: int = 0) -> np.ndarray:
+    """`(1, steps, sources)`: query `start + i` sees key `first_key + j` at or before it."""
+    query, key = np.arange(start, start + steps), np.arange(first_key, first_key + sources)
+    return (key[None, :] <= query[:, None])[None]
+
+
+def test_chunks_without_a_cache_count_from_the_start_indices():
+    # Queries 4-6 of 7 tokens, keys 0-6: chunks {0-2} {3-5} {6}, from query_start_index.
+    torch_layers, torch_step = _torch_side()
+    layers = _keras_layers(torch_layers)
+    x = np.random.default_rng(3).normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    expected = torch_step(x, 0)
+    for layer, want in zip(layers, expected, strict=True):
+        rows = layer(x[:, 4:], x, query_start_index=4, attention_mask=_causal(3, 4, 7))
+        np.testing.assert_allclose(rows, want[:, 4:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [None, {"floor_scale": 2, "attn_scale": 0.5}])
+def test_chunked_self_attention_on_a_slice_counts_chunks_from_its_start(temperature):
+    # Tokens 4-6 alone, both starting at index 4: chunks {4, 5} and {6}, as in the full
+    # call of tokens 0-6 with the keys before 4 masked out.
+    layer = RotaryGroupQueryAttention(
+        HEAD_DIM, HEADS, KV_HEADS, attention_chunk_size=CHUNK, query_temperature=temperature
+    )
+    x = np.random.default_rng(4).normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    full = layer(x, x, attention_mask=_causal(7, 0, 7) & (np.arange(7) >= 4))
+    part = x[:, 4:]
+    rows = layer(part, part, query_start_index=4, key_start_index=4, use_causal_mask=True)
+    np.testing.assert_allclose(rows, full[:, 4:], rtol=0, atol=1e-5)
+
+
 def test_the_options_round_trip_and_bad_ones_are_refused():
     layer = RotaryGroupQueryAttention(
         HEAD_DIM,
