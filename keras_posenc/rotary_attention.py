@@ -60,7 +60,10 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
             `rope_axes_dims` or `rope_mrope_section`, `(sequence, axes)` or `(batch,
             sequence, axes)`, one coordinate per axis (with a cache: of the new tokens).
         query_start_index, key_start_index: the position of the first query / key step
-            when the positions are not given (int or scalar int tensor).
+            when the positions are not given (int or scalar int tensor). They move RoPE
+            only: without a cache `use_causal_mask` stays Keras's mask by index in the call
+            (query `i` sees keys `j <= i`); give an `attention_mask` for another alignment,
+            or decode with a cache.
         cache: optional `(batch, 2, max_length, num_heads, key_dim)` keys (rotated) and
             values of earlier steps. The new keys and values are written at
             `cache_update_index` and the call returns `(output, updated_cache)`; the
