@@ -18,6 +18,7 @@ from keras_posenc.export import VerificationError, save_decoder
 from keras_posenc.export.decoder import check, decoder_cases, describe_decoder, save
 from keras_posenc.export.decoder.litert_decoder import (
     LiteRTDecoder,
+    causal_mask,
     decoder_litert,
     litert_greedy,
 )
@@ -75,6 +76,50 @@ def test_padding_queries_leave_the_cache_finite(data):
     assert np.isfinite(logits[0]).all() and np.isfinite(logits[1, 3:]).all()
     for cache in runner.caches.values():
         assert np.isfinite(cache).all()
+
+
+@pytest.mark.parametrize(
+    ("start", "length", "mask_start"),
+    [
+        (MAX_LENGTH, 1, MAX_LENGTH),
+        (MAX_LENGTH + 5, 1, MAX_LENGTH + 5),
+        (-3, 1, -3),
+        (MAX_LENGTH - 4, 8, MAX_LENGTH - 4),
+        (8, 1, 12),
+    ],
+    ids=[
+        "past-the-end",
+        "far-past-the-end",
+        "negative",
+        "prefill-past-the-end",
+        "mask-after-input-pos",
+    ],
+)
+def test_bad_input_pos_gives_nan_and_poisons_the_cache(data, start, length, mask_start):
+    """DYNAMIC_UPDATE_SLICE clamps its start: without the guard such a call overwrites the
+    last (or first) slot and returns plausible logits. The written slots must be NaN
+    (not a finite overwrite of a real key), so every later step of the row is NaN too."""
+    runner = LiteRTDecoder(data, batch=1)
+    padding = np.ones((1, MAX_LENGTH), np.int32)
+    runner(np.arange(1, 9, dtype=np.int32)[None], 0, padding)  # real keys in slots 0..7
+    before = runner.caches
+    input_pos = np.arange(start, start + length, dtype=np.int32)
+    out = runner.runners["decode" if length == 1 else "prefill"](
+        tokens=np.full((1, length), 5, np.int32),
+        input_pos=input_pos,
+        mask=causal_mask(padding, np.arange(mask_start, mask_start + length)),
+        **before,
+    )
+    assert np.isnan(out["logits"]).all()
+    for name, cache in before.items():
+        changed = ~np.equal(out[name], cache)
+        assert np.isnan(out[name][changed]).all(), name  # no finite overwrite
+        assert changed.any(), name
+    # A later step at slot 9 (not 8: it would overwrite the mask case's NaN slot).
+    runner.caches = {name: out[name] for name in before}
+    assert np.isnan(runner(np.array([[5]], np.int32), 9, padding)).all()
+    runner.caches = before  # the same step from the unpoisoned cache is finite
+    assert np.isfinite(runner(np.array([[5]], np.int32), 9, padding)).all()
 
 
 def test_litert_only_writes_no_onnx(tmp_path):

@@ -22,6 +22,14 @@ one (itself): the count of real tokens before it, as in the ONNX file and in Ker
 slot (a padding token) gets finite garbage, never NaN that would reach the cache: the
 scores are masked by a select, not by adding `-inf`.
 
+A call the cache cannot hold (`input_pos[0] < 0`, or past `max_length - sequence`:
+`DYNAMIC_UPDATE_SLICE` would clamp the start and overwrite the last or first slot) or
+whose `mask` lets a row see a slot after the one its token is written to returns NaN
+logits and writes NaN keys and values (the row's later steps are NaN too). The graph
+cannot check the rest, which the caller keeps consistent: `input_pos` consecutive, and
+each real token's row of `mask` seeing its own slot `input_pos[j]` (a row that sees
+fewer slots gets a smaller RoPE position and misses its own key, silently).
+
 The module is written from the `Decoder` description with TensorFlow ops and converted
 with built-in ops only (`TFLITE_BUILTINS`); a Flex op in the file is an error.
 """
@@ -119,9 +127,10 @@ class DecoderModule(tf.Module):
         x = tf.reshape(x, [tf.shape(h)[0], tf.shape(h)[1], heads, self.head_dim])
         return x if norm is None else self._norm(x, norm)
 
-    def _attention(self, h, a: Attention, caches, start, attended, rows):
+    def _attention(self, h, a: Attention, caches, start, attended, rows, valid):
         """One layer: `(output, key_cache, value_cache)`, the caches written at `start`;
-        `attended` `(batch, 1, seq, slots)` the slots this layer's queries see."""
+        `attended` `(batch, 1, seq, slots)` the slots this layer's queries see; the keys
+        and values of a row not `valid` `(batch,)` written as NaN."""
         batch, steps = tf.shape(h)[0], tf.shape(h)[1]
         kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
         q = self._heads(h, a.query, a.query_bias, a.query_norm, a.num_heads)
@@ -130,8 +139,14 @@ class DecoderModule(tf.Module):
         rope = a.rope or self.decoder.rope
         q, k = self._rotate(q, rope, *rows), self._rotate(k, rope, *rows)
         at = tf.stack([0, 0, start, 0])
+        # NaN, not the cache left as it was: a caller going on past NaN logits would get
+        # plausible tokens from a cache missing this one. A NaN value reaches every later
+        # output of the row (a masked slot's weight is 0, and 0 * NaN is NaN).
+        valid = tf.reshape(valid, [-1, 1, 1, 1])
         key_cache, value_cache = (
-            xla.dynamic_update_slice(cache, tf.transpose(new, [0, 2, 1, 3]), at)
+            xla.dynamic_update_slice(
+                cache, tf.where(valid, tf.transpose(new, [0, 2, 1, 3]), np.nan), at
+            )
             for cache, new in zip(caches, (k, v), strict=True)
         )
         # Query head h reads key/value head h // groups: (batch, kv, groups * steps, dim).
@@ -154,11 +169,17 @@ class DecoderModule(tf.Module):
         total = counts[..., -1:]  # the query's position + 1
         return tf.logical_and(attended, total - counts < window)
 
-    def _block(self, x, block: Block, caches, start, attended, rows):
+    def _block(self, x, block: Block, caches, start, attended, rows, valid):
         """`(x, key_cache, value_cache)` after one block's two residual branches;
         `attended` the slots its queries see (its window applied)."""
         out, key_cache, value_cache = self._attention(
-            self._norm(x, block.attention_norm), block.attention, caches, start, attended, rows
+            self._norm(x, block.attention_norm),
+            block.attention,
+            caches,
+            start,
+            attended,
+            rows,
+            valid,
         )
         if block.post_attention_norm is not None:
             out = self._norm(out, block.post_attention_norm)
@@ -168,9 +189,22 @@ class DecoderModule(tf.Module):
             out = self._norm(out, block.post_mlp_norm)
         return x + out, key_cache, value_cache
 
+    def _valid(self, tokens, start, attended):
+        """`(batch,)`: the call fits the cache and no row of the mask sees a slot after
+        its own (`start + j`). `fits` by a difference, not `start + sequence`, which could
+        overflow int32 (`own` wraps only where `fits` is already false)."""
+        steps = tf.shape(tokens)[1]
+        fits = tf.logical_and(start >= 0, start <= self.slots - steps)
+        own = tf.reshape(start + tf.range(steps), [1, 1, -1, 1])
+        later = tf.reshape(tf.range(self.slots), [1, 1, 1, -1]) > own
+        sees_later = tf.reduce_any(tf.logical_and(attended, later), axis=[1, 2, 3])
+        return tf.logical_and(fits, tf.logical_not(sees_later))
+
     def _step(self, tokens, input_pos, mask, *caches):
         decoder = self.decoder
         attended = mask >= 0  # (batch, 1, seq, slots)
+        start = input_pos[0]
+        valid = self._valid(tokens, start, attended)
         positions = tf.reduce_sum(tf.cast(attended, tf.int32), [1, 3]) - 1  # (batch, seq)
         positions = tf.maximum(positions, 0)  # a padding query (no slot): any row
         rows = {}  # id(Rope) -> its (cos, sin) rows at `positions`, one gather per table
@@ -187,13 +221,14 @@ class DecoderModule(tf.Module):
             if window not in windowed:
                 windowed[window] = self._windowed(attended, window)
             x, key_cache, value_cache = self._block(
-                x, block, caches[2 * i : 2 * i + 2], input_pos[0], windowed[window], rows[id(rope)]
+                x, block, caches[2 * i : 2 * i + 2], start, windowed[window], rows[id(rope)], valid
             )
             updated += [key_cache, value_cache]
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
         if decoder.head_bias is not None:
             logits = logits + decoder.head_bias
         logits = self._capped(logits, decoder.final_softcap)
+        logits = tf.where(tf.reshape(valid, [-1, 1, 1]), logits, np.nan)
         names = cache_names(decoder.num_layers)
         return {"logits": logits, **dict(zip(names, updated, strict=True))}
 
