@@ -57,17 +57,23 @@ class RotaryAttention:
     _CONFIG_FORM = "gqa"
 
     @classmethod
-    def from_transformers_config(cls, config, layer_type: str | None = None, **overrides):
+    def from_transformers_config(
+        cls, config, layer_type: str | None = None, *, layer_index: int | None = None, **overrides
+    ):
         """The attention layer a transformers model config describes: heads, head size, RoPE.
 
         Args:
             config: a transformers config or its dict (see `keras_posenc.transformers_config`).
             layer_type: the layer type to read for configs with RoPE per layer type.
+            layer_index: the decoder layer to read; a family with NoPE layers (SmolLM3,
+                Llama 4, EXAONE 4) needs it unless `layer_type` alone says which kind it is.
             **overrides: further layer arguments, or ones replacing what the config gives.
         """
         from keras_posenc.transformers_config import attention_arguments
 
-        arguments = attention_arguments(config, layer_type, form=cls._CONFIG_FORM)
+        arguments = attention_arguments(
+            config, layer_type, form=cls._CONFIG_FORM, layer_index=layer_index
+        )
         return cls(**{**arguments, **overrides})
 
     # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`.

@@ -33,7 +33,7 @@ from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exp
     SLIDING,
     Family,
 )
-from keras_posenc.transformers_schedules import layer_types, positionless_types
+from keras_posenc.transformers_schedules import layer_attention, layer_types, positionless_types
 
 _ROPE_KEY = re.compile("rope|rotary")
 _EARLY_CHECK_DIM = 2**14
@@ -289,18 +289,54 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     }
 
 
-def attention_arguments(config: Any, layer_type: str | None = None, form: str = "gqa") -> dict:
-    """The rotary attention arguments a transformers config describes.
+def _llama4_options(config: dict, layer_type: str | None, nope: bool, form: str) -> dict:
+    """Llama 4's chunked mask (its `chunked_attention` layers) and NoPE query temperature."""
+    if config.get("model_type") != "llama4_text":
+        return {}
+    from keras_posenc.attention_temperature import attention_temperature
+
+    options = {}
+    if layer_type == "chunked_attention":
+        chunk = {"attention_chunk_size": 8192, **config}
+        options["attention_chunk_size"] = _positive_int(chunk, "attention_chunk_size")
+    temperature = attention_temperature(config) if nope else None
+    if temperature is not None:
+        options["query_temperature"] = {
+            "floor_scale": temperature.floor_scale,
+            "attn_scale": temperature.attn_scale,
+        }
+    if not nope and config.get("use_qk_norm", True):
+        raise ValueError(
+            "This Llama 4 config's RoPE layers L2-normalize their queries and keys after RoPE "
+            "(use_qk_norm, on by default), which these layers do not: it needs use_qk_norm=False."
+        )
+    if options and form != "gqa":
+        raise ValueError(
+            f"Llama 4's {', '.join(options)} is RotaryGroupQueryAttention's: use form='gqa'."
+        )
+    return options
+
+
+def attention_arguments(
+    config: Any, layer_type: str | None = None, form: str = "gqa", layer_index: int | None = None
+) -> dict:
+    """The rotary attention arguments a transformers config describes, for one layer.
 
     Args:
         config, layer_type: as `rotary_arguments`.
         form: `"gqa"` gives `RotaryGroupQueryAttention`'s names (`num_query_heads`,
             `num_key_value_heads`, `head_dim`); `"mha"` gives `RotaryMultiHeadAttention`'s
             (`num_heads`, `key_dim`) and refuses a config with fewer key-value heads.
+        layer_index: the decoder layer to read (its type and whether it is NoPE come from
+            the config). A family with NoPE layers (SmolLM3, Llama 4, EXAONE 4) needs it
+            unless `layer_type` alone says whether the layer uses RoPE.
 
     Returns:
         The head arguments and `rope_max_wavelength`, `rope_layout`, `rope_dim`,
-        `rope_scaling` (and the M-RoPE options of a multimodal family).
+        `rope_scaling` (and the M-RoPE options of a multimodal family); for a NoPE layer
+        `rope_dim=0` alone. Llama 4's layers add `attention_chunk_size` (its
+        `chunked_attention` layers) and `query_temperature` (its NoPE layers, with
+        `attn_temperature_tuning`), as `Llama4TextAttention` does.
 
     Example:
 
@@ -309,9 +345,12 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
     >>> attention_arguments(mistral)["num_key_value_heads"]
     8
     """
-    rotary = rotary_arguments(config, layer_type)
-    config = _language_config(_as_dict(config))
-    model_type = config.get("model_type")
+    text = _language_config(_as_dict(config))
+    model_type, family = _family(text, None)
+    layer_type, nope = layer_attention(text, model_type, family, layer_type, layer_index)
+    if not nope:
+        rotary = rotary_arguments(config, layer_type)
+    config = text
     if model_type in _MLA:
         raise ValueError(
             f"{model_type} uses multi-head latent attention, which these layers are not; build "
@@ -333,13 +372,17 @@ def attention_arguments(config: Any, layer_type: str | None = None, form: str = 
             f"num_attention_heads={heads} is not a multiple of num_key_value_heads="
             f"{key_value_heads}."
         )
-    options = {
-        "rope_max_wavelength": rotary["max_wavelength"],
-        "rope_layout": rotary["layout"],
-        "rope_dim": rotary["rotary_dim"],
-        "rope_scaling": rotary["scaling"],
-    }
-    if "mrope_section" in rotary:  # positions (batch, sequence, 3) at the call
+    if nope:
+        options = {"rope_dim": 0, **_llama4_options(config, layer_type, nope, form)}
+    else:
+        options = {
+            "rope_max_wavelength": rotary["max_wavelength"],
+            "rope_layout": rotary["layout"],
+            "rope_dim": rotary["rotary_dim"],
+            "rope_scaling": rotary["scaling"],
+            **_llama4_options(config, layer_type, nope, form),
+        }
+    if not nope and "mrope_section" in rotary:  # positions (batch, sequence, 3) at the call
         options["rope_mrope_section"] = rotary["mrope_section"]
         options["rope_mrope_interleaved"] = rotary["mrope_interleaved"]
     if form == "gqa":

@@ -165,3 +165,55 @@ def positionless_layers(config: dict, model_type: str, family: Family) -> list[b
         rope = _no_rope_flags(config, model_type, count)
         nope = [old or not uses for old, uses in zip(nope, rope, strict=True)]
     return nope
+
+
+def _refuse_unknown_layer(model_type: str, layer_type: str | None) -> None:
+    chosen = f"layer_type={layer_type!r}" if layer_type is not None else "the config alone"
+    raise ValueError(
+        f"In this {model_type} config {chosen} does not say whether the layer uses RoPE or "
+        "is a NoPE layer (keras_posenc.rope_per_layer lists them): pass layer_index= (the "
+        "decoder layer's index), or a layer_type= whose layers are all one or the other."
+    )
+
+
+def layer_attention(
+    config: dict, model_type: str, family: Family, layer_type: str | None, index: int | None
+) -> tuple[str | None, bool]:
+    """One attention layer's type and whether it is a NoPE layer, by index or by type.
+
+    A family with NoPE layers (SmolLM3, Llama 4, EXAONE 4) needs `index` where its layer
+    type alone does not say: the same rule for all of them.
+    """
+    count = layer_count(config)
+    if index is not None:
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"layer_index must be an integer >= 0, got {short_repr(index)}.")
+        if count is None:
+            raise ValueError("The config needs 'num_hidden_layers' to find layer_index.")
+        if index >= count:
+            raise ValueError(
+                f"layer_index={index} is not a layer of this config (num_hidden_layers={count})."
+            )
+    elif family.no_rope is None:
+        return layer_type, False
+    elif count is None:
+        if family.no_rope == "global" and layer_type is not None:
+            return layer_type, layer_type in positionless_types(config, model_type, family)
+        _refuse_unknown_layer(model_type, layer_type)
+    types = layer_types(config, model_type) or [None] * count
+    nope = positionless_layers(config, model_type, family)
+    if index is not None:
+        if layer_type is not None and layer_type != types[index]:
+            raise ValueError(
+                f"layer_type={short_repr(layer_type)} differs from the config's: layer {index} "
+                f"is {types[index]}."
+            )
+        if types[index] in family.positionless:
+            raise ValueError(
+                f"Layer {index} is {types[index]}, not an attention layer these layers are."
+            )
+        return types[index], nope[index]
+    kinds = {no for kind, no in zip(types, nope, strict=True) if layer_type in (None, kind)}
+    if len(kinds) > 1:
+        _refuse_unknown_layer(model_type, layer_type)
+    return layer_type, kinds.pop() if kinds else False

@@ -16,6 +16,7 @@ import pytest
 from keras_posenc import RotaryGroupQueryAttention, attention_temperature
 from keras_posenc import export as kpe
 from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.transformers_config import attention_arguments
 
 torch = pytest.importorskip("torch")
 llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")
@@ -93,22 +94,73 @@ def _keras_layers(torch_layers):
         use_bias=False,
     )
     for layer, source in zip((rope, nope), torch_layers, strict=True):
-        x = np.zeros((1, 1, HIDDEN), np.float32)
-        layer(x, x)
-
-        def kernel(linear, heads):
-            return linear.weight.detach().numpy().T.reshape(HIDDEN, heads, HEAD_DIM)
-
-        output = source.o_proj.weight.detach().numpy().T.reshape(HEADS, HEAD_DIM, HIDDEN)
-        layer.set_weights(
-            [
-                kernel(source.q_proj, HEADS),
-                kernel(source.k_proj, KV_HEADS),
-                kernel(source.v_proj, KV_HEADS),
-                output,
-            ]
-        )
+        _copy_weights(layer, source)
     return rope, nope
+
+
+def _copy_weights(layer, source) -> None:
+    x = np.zeros((1, 1, HIDDEN), np.float32)
+    layer(x, x)
+
+    def kernel(linear, heads):
+        return linear.weight.detach().numpy().T.reshape(HIDDEN, heads, HEAD_DIM)
+
+    output = source.o_proj.weight.detach().numpy().T.reshape(HEADS, HEAD_DIM, HIDDEN)
+    layer.set_weights(
+        [
+            kernel(source.q_proj, HEADS),
+            kernel(source.k_proj, KV_HEADS),
+            kernel(source.v_proj, KV_HEADS),
+            output,
+        ]
+    )
+
+
+def test_from_transformers_config_gives_each_layer_its_transformers_attention():
+    torch_layers, torch_step = _torch_side()
+    x = np.random.default_rng(3).normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    expected = torch_step(x, 0)  # 7 tokens: chunks of 3 and temperature steps of 2 matter
+    for index, (layer_type, source) in enumerate(
+        zip(("chunked_attention", "full_attention"), torch_layers, strict=True)
+    ):
+        layer = RotaryGroupQueryAttention.from_transformers_config(
+            CONFIG, layer_index=index, use_bias=False
+        )
+        _copy_weights(layer, source)
+        output = layer(x, x, use_causal_mask=True)
+        np.testing.assert_allclose(output, expected[index], rtol=0, atol=1e-5)
+        # Here each layer type is RoPE or NoPE throughout: the type alone says which.
+        assert attention_arguments(CONFIG, layer_type) == attention_arguments(
+            CONFIG, layer_index=index
+        )
+
+
+@pytest.mark.parametrize(
+    "config, arguments, message",
+    [
+        # No chunking: every layer is full_attention, with or without RoPE.
+        ({**CONFIG, "attention_chunk_size": None}, {}, "pass layer_index="),
+        ({**CONFIG, "attention_chunk_size": None}, {"layer_type": "full_attention"}, "rope_per"),
+        ({"model_type": "smollm3", "hidden_size": 32, "num_attention_heads": 4}, {}, "layer_index"),
+        (CONFIG, {"layer_index": 2}, "layer_index=2 is not a layer of this config"),
+        (CONFIG, {"layer_index": 1, "layer_type": "chunked_attention"}, "layer 1 is full_att"),
+        ({**CONFIG, "use_qk_norm": True}, {"layer_index": 0}, "use_qk_norm"),
+    ],
+)
+def test_from_transformers_config_refuses_a_layer_it_cannot_know(config, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        RotaryGroupQueryAttention.from_transformers_config(config, **arguments)
+
+
+def test_smollm3_nope_layers_come_from_their_index():
+    config = {"model_type": "smollm3", "hidden_size": 32, "num_attention_heads": 4}
+    config |= {"num_hidden_layers": 4, "no_rope_layers": [1, 0, 1, 1]}
+    dims = [
+        RotaryGroupQueryAttention.from_transformers_config(config, layer_index=i).get_config()
+        for i in range(4)
+    ]
+    assert [d["rope_dim"] for d in dims] == [None, 0, None, None]
+    assert {d["query_temperature"] for d in dims} == {None}  # Llama 4's alone
 
 
 def test_chunked_and_tempered_attention_match_transformers_with_a_cache():
