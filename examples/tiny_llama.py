@@ -141,14 +141,18 @@ def onnx_generation(folder: Path, arrays: Path, out: Path) -> None:
     session = onnxruntime.InferenceSession(
         str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
     )
-    # One buffer per cache tensor, bound as both past and present: written in place.
+    # One buffer per cache tensor, bound as both past and present: written in place. The
+    # buffers are kept here: a binding does not keep its OrtValues alive (onnxruntime 1.23
+    # reads freed memory once the loop's variable lets go of all but the last).
     binding = session.io_binding()
     binding.bind_output("logits")  # first: `get_outputs()[0]`
+    buffers = {}
     for value in session.get_inputs()[2:]:
         shape = (len(prompts), value.shape[1], size.max_length, value.shape[3])
-        buffer = onnxruntime.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
-        binding.bind_ortvalue_input(value.name, buffer)
-        binding.bind_ortvalue_output(value.name.replace("past_key_values", "present"), buffer)
+        buffers[value.name] = onnxruntime.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+        binding.bind_ortvalue_input(value.name, buffers[value.name])
+        present = value.name.replace("past_key_values", "present")
+        binding.bind_ortvalue_output(present, buffers[value.name])
     ids, attention, tokens, logits, seconds = prompts, mask, [], [], []
     for _ in range(size.new_tokens):
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids))
