@@ -28,10 +28,26 @@ import pytest
 from keras_hub_models import FAMILIES, MAX_LENGTH, VOCABULARY, tiny_causal_lm
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
+from keras_posenc.export.decoder import (
+    compare_greedy,
+    decoder_cases,
+    decoder_onnx,
+    onnx_greedy,
+    runtime_version,
+)
 from keras_posenc.export.decoder.greedy import keras_greedy
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild
+
+# The families with parts onnxruntime computes as the export means them only from 1.32 on
+# (windows and soft caps in GroupQueryAttention; soft caps in ONNX's Attention): with 1.23,
+# the oldest supported, their files failed verification, so the export refuses them there.
+NEEDS_ONNXRUNTIME_1_32 = {"gqa": {"mistral", "gemma2", "gemma3"}, "standard": {"gemma2"}}
+OLDER_ONNXRUNTIME = runtime_version._installed() < (1, 32)
+
+
+def _refused_here(family: str, attention: str = "gqa") -> bool:
+    return OLDER_ONNXRUNTIME and family in NEEDS_ONNXRUNTIME_1_32[attention]
 
 
 @functools.cache
@@ -49,6 +65,11 @@ def test_export_generates_as_keras_hub(tmp_path, family):
     causal_lm = _tiny(family)
     litert = family in LITERT_FAMILIES
     formats = ("onnx", "litert") if litert else ("onnx",)
+    if _refused_here(family):
+        with pytest.raises(ExportError, match="computes otherwise than the export means"):
+            save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
+        assert not (tmp_path / "out").exists()
+        return
     report = save_decoder(causal_lm, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     assert report["passed"]
     assert [case["steps"] for case in report["cases"]] == [64, 64]
@@ -65,6 +86,12 @@ def test_export_generates_as_keras_hub(tmp_path, family):
 
 @pytest.mark.parametrize("family", LITERT_FAMILIES)
 def test_standard_graph_generates_as_keras_hub(tmp_path, family):
+    if _refused_here(family, "standard"):
+        with pytest.raises(ExportError, match="computes otherwise than the export means"):
+            save_decoder(
+                _tiny(family), tmp_path / "out", max_length=MAX_LENGTH, attention="standard"
+            )
+        return
     report = save_decoder(
         _tiny(family), tmp_path / "out", max_length=MAX_LENGTH, attention="standard"
     )
@@ -106,6 +133,10 @@ def _without(decoder, **changes):
 def test_each_setting_matters(family, dropped):
     """Dropped from the export, the family's own setting changes the tokens: the
     verification above would catch it being read or written wrongly."""
+    if _refused_here(family):
+        with pytest.raises(ExportError, match="computes otherwise than the export means"):
+            decoder_onnx(describe_causal_lm(_tiny(family), MAX_LENGTH))
+        return
     causal_lm = _tiny(family)
     # 24 steps: positions to 31, past the windows of 16.
     case = {**decoder_cases(VOCABULARY, MAX_LENGTH)[1], "steps": 24}
@@ -224,3 +255,19 @@ def test_keras_hub_is_not_imported_by_the_package():
         "assert 'keras_hub' not in sys.modules, 'keras_hub imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("installed, refused", [((1, 23), True), ((1, 31), True), ((1, 32), False)])
+def test_windows_and_soft_caps_are_refused_below_onnxruntime_1_32(monkeypatch, installed, refused):
+    # Whatever onnxruntime this runs with: the refusal follows the version it reports.
+    monkeypatch.setattr(runtime_version, "_installed", lambda: installed)
+    gemma2 = describe_causal_lm(_tiny("gemma2"), MAX_LENGTH)  # windows and soft caps
+    llama = describe_causal_lm(_tiny("llama"), MAX_LENGTH)  # neither
+    for attention in ("gqa", "standard"):
+        runtime_version.refuse_older_onnxruntime(llama, attention)
+        if refused:
+            message = r"attention soft caps, which onnxruntime 1\.(23|31) computes otherwise"
+            with pytest.raises(ExportError, match=message):
+                runtime_version.refuse_older_onnxruntime(gemma2, attention)
+        else:
+            runtime_version.refuse_older_onnxruntime(gemma2, attention)

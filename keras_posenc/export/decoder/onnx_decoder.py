@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from keras_posenc.export.decoder.description import Decoder, Mlp
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
 
 GQA_OPSET = 21
 
@@ -98,6 +99,8 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`) or `"standard"` (ONNX's
             own operators only for the attention; see `standard.py`).
     """
+    if attention in ("gqa", "standard"):
+        refuse_older_onnxruntime(decoder, attention)
     g = GraphBuilder()
     g.standard = attention == "standard"
     if attention == "gqa":

@@ -1,0 +1,42 @@
+"""Decoder parts that onnxruntime computes as the export means them only from 1.32 on.
+
+The minimum-versions run (onnxruntime 1.23) failed verification on exactly these, while
+onnxruntime 1.32 passes: GroupQueryAttention's `local_window_size` and `softcap` (keras_hub's
+Mistral, Gemma 2 and Gemma 3: other tokens from step 9 on, logits 0.5-1.4 off) and the
+`softcap` of ONNX's own `Attention` (Gemma 2's standard-op graph). Versions between the two
+are untested, so an export with these parts is refused below 1.32 instead of being written
+for a runtime that answers otherwise.
+"""
+
+from __future__ import annotations
+
+from keras_posenc.export.decoder.description import Decoder, optional_parts
+from keras_posenc.export.errors import ExportError
+
+VERIFIED_FROM = (1, 32)
+# The parts each attention graph writes with an attribute that older runtimes read otherwise.
+_ATTRIBUTE_PARTS = {
+    "gqa": ("sliding windows", "attention soft caps"),
+    "standard": ("attention soft caps",),
+}
+
+
+def _installed() -> tuple[int, ...]:
+    import onnxruntime
+
+    return tuple(int(part) for part in onnxruntime.__version__.split(".")[:2])
+
+
+def refuse_older_onnxruntime(decoder: Decoder, attention: str) -> None:
+    """ExportError if `decoder` has parts the installed onnxruntime computes otherwise."""
+    installed = _installed()
+    if installed >= VERIFIED_FROM:
+        return
+    parts = [part for part in optional_parts(decoder) if part in _ATTRIBUTE_PARTS[attention]]
+    if parts:
+        raise ExportError(
+            f"This decoder has {', '.join(parts)}, which onnxruntime "
+            f"{'.'.join(map(str, installed))} computes otherwise than the export means them "
+            f"(verified with onnxruntime >= {'.'.join(map(str, VERIFIED_FROM))}): upgrade "
+            "onnxruntime, or write the LiteRT file alone (formats=('litert',))."
+        )
