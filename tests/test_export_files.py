@@ -290,3 +290,31 @@ def test_every_file_and_folder_of_a_folder_is_synced_before_its_rename(tmp_path,
     ):
         assert ("fsync", _inode(path)) in before, path
     assert ("fsync", _inode(tmp_path)) in events[last_rename + 1 :]
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "/", "out/.."])
+def test_a_path_that_names_no_file_or_folder_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, name
+):
+    # "" and "." are the current folder, "/" the root: writing an export "there" would
+    # mean replacing the folder the user is in.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ValueError, match="names no file or folder"):
+        with kpe.whole_or_nothing(name):
+            raise AssertionError("never reached")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock, no staging
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_foreign_folder_is_refused_by_its_top_level_entries_without_walking_it(tmp_path):
+    # A folder with no manifest is not ours whatever it holds: naming its first entries
+    # is enough, and walking a large tree (a home folder) would take minutes.
+    target = tmp_path / "home"
+    (target / "deep" / "er").mkdir(parents=True)
+    (target / "deep" / "er" / "file.txt").write_text("mine")
+    (target / "top.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"\(deep/, top.txt\)"):
+        with kpe.whole_or_nothing(target):
+            raise AssertionError("never reached")
+    assert (target / "deep" / "er" / "file.txt").read_text() == "mine"

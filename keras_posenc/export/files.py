@@ -158,7 +158,9 @@ def _foreign_files(folder: Path) -> list[str]:
     try:
         listed = set(json.loads((folder / MANIFEST).read_text())["files"])
     except (OSError, ValueError, KeyError, TypeError):
-        listed = set()
+        # No manifest: nothing in it is ours, and its first entries say so without a walk
+        # of what may be a large tree.
+        return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
     return sorted(_files(folder) - listed - {MANIFEST})
 
 
@@ -284,6 +286,7 @@ def whole_or_nothing(
             already at `target` is an error at once, before anything is written.
 
     Raises:
+        ValueError: `target` names no file or folder (`""`, `"."`, `"/"`, `".."`).
         ExportError: another process is writing `target`.
         FileExistsError: `target` is a folder that may not be replaced (or a file, for
             `kind="folder"`).
@@ -291,6 +294,11 @@ def whole_or_nothing(
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}.")
     target = Path(target)
+    if target.name in ("", ".."):  # "", ".", "/", "..": the folder the user is in, or above
+        raise ValueError(
+            f"{str(target)!r} names no file or folder to write: give a path such as "
+            "'out/model.onnx' or 'out/model'."
+        )
     _check_parent(target)
     with _exclusive(target):
         recover(target)
