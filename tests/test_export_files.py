@@ -318,3 +318,14 @@ def test_a_foreign_folder_is_refused_by_its_top_level_entries_without_walking_it
         with kpe.whole_or_nothing(target):
             raise AssertionError("never reached")
     assert (target / "deep" / "er" / "file.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "save, name", [(kpe.save_onnx, "model.tflite"), (kpe.save_litert, "model.ONNX")]
+)
+def test_a_file_named_for_the_other_format_is_refused_before_conversion(tmp_path, save, name):
+    inputs = keras.Input((None, 8))
+    model = keras.Model(inputs, SinusoidalPositionalEncoding()(inputs))
+    with pytest.raises(ValueError, match="names a .* file, but this writes a"):
+        save(model, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []

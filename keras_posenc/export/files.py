@@ -211,6 +211,28 @@ def _exclusive(target: Path) -> Iterator[None]:
         os.close(descriptor)
 
 
+# What each file an export writes is, by the suffix its name should carry.
+_FILE_SUFFIXES = {".onnx": "ONNX", ".tflite": "LiteRT"}
+
+
+def check_file_target(path: str | os.PathLike, suffix: str) -> None:
+    """Refuses, before any work, a file `path` that is a folder or names the other format.
+
+    A LiteRT file named `model.onnx` (or the reverse) would be opened by the wrong runtime
+    by anyone who trusts the name; any other name is the user's choice.
+    """
+    if Path(path).is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR, f"{str(path)!r} is a folder; give the path of a {suffix} file", str(path)
+        )
+    other = Path(path).suffix.lower()
+    if other in _FILE_SUFFIXES and other != suffix:
+        raise ValueError(
+            f"{str(path)!r} names a {_FILE_SUFFIXES[other]} file, but this writes a "
+            f"{_FILE_SUFFIXES[suffix]} file: name it {str(Path(path).with_suffix(suffix))!r}."
+        )
+
+
 def _check_parent(target: Path) -> None:
     parent = target.parent
     if parent.exists() and not parent.is_dir():

@@ -11,7 +11,6 @@ need one is refused with the op and the layer named.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import tempfile
@@ -24,7 +23,7 @@ import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.files import whole_or_nothing
+from keras_posenc.export.files import check_file_target, whole_or_nothing
 from keras_posenc.export.precision import exportable_model
 from keras_posenc.export.quiet import converter_output
 from keras_posenc.export.signature import (
@@ -71,11 +70,8 @@ def save_litert(
         ExportError: the model needs an op LiteRT has no built-in kernel for (the message
             names the op and the layer), or the conversion failed.
     """
+    check_file_target(path, ".tflite")
     model, _ = exportable_model(model, bfloat16)
-    if Path(path).is_dir():
-        raise IsADirectoryError(
-            errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .tflite file", str(path)
-        )
     with whole_or_nothing(path, kind="file") as written:
         written.write_bytes(litert_flatbuffer(model, max_sequence_length))
     return Path(path)

@@ -6,7 +6,6 @@ The TensorFlow half of the ONNX export: the graph passes themselves import no Te
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 from keras_posenc import _tf
 from keras_posenc.export import onnx_passes
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.files import whole_or_nothing
+from keras_posenc.export.files import check_file_target, whole_or_nothing
 from keras_posenc.export.onnx_passes.constants import dedupe_constants
 from keras_posenc.export.onnx_passes.graph import graphs
 from keras_posenc.export.precision import exportable_model
@@ -104,11 +103,8 @@ def save_onnx(
         raise ValueError(f"Unknown rotary={rotary!r}; expected one of {ROTARY_FORMS}.")
     import onnx
 
+    check_file_target(path, ".onnx")
     model, _ = exportable_model(model, bfloat16)
-    if Path(path).is_dir():
-        raise IsADirectoryError(
-            errno.EISDIR, f"{str(path)!r} is a folder; give the path of a .onnx file", str(path)
-        )
     with whole_or_nothing(path, kind="file") as written:
         proto = onnx_model(
             model, opset, rotary=rotary, passes=passes, max_sequence_length=max_sequence_length
