@@ -244,3 +244,36 @@ def test_verification_uses_the_lengths_the_model_accepts(fixed):
     report = kpe.verify_export(model, saved, onnx_path, batch_sizes=(1, 3), repeats=1)
     assert report["passed"], report["summary"]
     assert {(c["batch"], c["sequence"]) for c in report["cases"]} == {(1, 16), (3, 16)}
+
+
+def test_a_cache_bounds_the_steps_not_the_positions_of_a_positions_input(tmp_path):
+    # A decode step that takes its RoPE positions as an input: the cache's slots bound how
+    # many steps it holds, not which positions it rotates by, so the probes must still
+    # reach the end of the split tables (the positions are not slots).
+    from keras_posenc import RotaryGroupQueryAttention
+
+    slots = 8
+    x = keras.Input((None, WIDTH), name="x")
+    where = keras.Input((None,), dtype="int32", name="where")
+    cache = keras.Input((2, slots, 1, WIDTH), name="cache")
+    index = keras.Input(batch_shape=(), dtype="int32", name="cache_update_index")
+    attention = RotaryGroupQueryAttention(num_query_heads=1, num_key_value_heads=1, head_dim=WIDTH)
+    y, new_cache = attention(
+        x,
+        x,
+        query_positions=where,
+        key_positions=where,
+        cache=cache,
+        cache_update_index=index,
+    )
+    model = keras.Model(
+        {"x": x, "where": where, "cache": cache, "cache_update_index": index},
+        {"y": y, "next_cache": new_cache},
+    )
+    path = kpe.save_onnx(model, tmp_path / "step.onnx")
+    report = kpe.verify_export(model, None, path, batch_sizes=(1,), sequence_lengths=(1,))
+    assert report["passed"], report["summary"]
+    positions = report["positions"]
+    assert positions["limit"] == MAX_POSITIONS
+    covered = np.concatenate([np.arange(a, b + 1) for a, b in positions["covered"]])
+    assert {CACHED, 2 * CACHED - 1, MAX_POSITIONS - 1} <= set(covered.tolist())

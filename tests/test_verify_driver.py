@@ -125,7 +125,7 @@ def _fake_runtimes(results: dict) -> types.SimpleNamespace:
 
 def _planned(twin=None) -> driver.Plan:
     tolerance = {"atol": 1e-5, "rtol": 1e-4}
-    return driver.Plan(None, [], tolerance, twin, None, [], lambda case: {})
+    return driver.Plan(None, [], tolerance, twin, None, None, [], lambda case: {})
 
 
 @pytest.mark.parametrize("offset", [3e-6, 4e-4])

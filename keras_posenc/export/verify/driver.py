@@ -175,7 +175,7 @@ def verify_export(
     compared = runtimes.names if planned.twin is not None else runtimes.names[1:]
     started = time.perf_counter()
     cases, covered = run_cases(planned, runtimes, compared, repeats, timed_shapes, progress)
-    audits = audit_tables(planned.model, paths, planned.longest)
+    audits = audit_tables(planned.model, paths, planned.bound)
     report = assemble_report(
         model, planned, runtimes, compared, paths, cases, covered, audits, repeats, started
     )
@@ -215,6 +215,7 @@ class Plan:
     tolerance: dict
     twin: Callable | None
     longest: int | None
+    bound: int | None
     cases: list[dict]
     feeds_for: Callable[[dict], dict[str, np.ndarray]]
 
@@ -230,8 +231,12 @@ def plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)
         notes.append(
             "float16 model: each runtime, Keras included, is compared with its float32 twin."
         )
+    # The longest sequence (a learned table, a cache's slots) bounds the steps of a case;
+    # only the export's bound (or a learned table) bounds the positions: a cache's slots
+    # are not positions, so a positions input still probes the whole table.
     longest = max_sequence_length or longest_sequence(model)
-    cases = verification_cases(exported, batch_sizes, sequence_lengths, longest)
+    bound = max_sequence_length
+    cases = verification_cases(exported, batch_sizes, sequence_lengths, bound)
     if make_inputs is not None:  # the caller chooses starts and positions
         shapes = dict.fromkeys((c["batch"], c["sequence"]) for c in cases)
         cases = [{"batch": b, "sequence": s} for b, s in shapes]
@@ -246,13 +251,13 @@ def plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)
                 exported,
                 case["batch"],
                 case["sequence"],
-                longest,
+                bound,
                 start_index=case.get("start_index"),
                 probe_offset=case.get("probe_offset", 0),
             )
 
     tolerance = FLOAT16_TOLERANCE if low_precision else FLOAT32_TOLERANCE
-    return Plan(exported, notes, tolerance, twin, longest, cases, feeds_for)
+    return Plan(exported, notes, tolerance, twin, longest, bound, cases, feeds_for)
 
 
 def run_cases(
@@ -337,7 +342,7 @@ def assemble_report(
     `(positions per case, {multi-axis input: [coordinates per case]})`, `audits` the
     `tables.audit_tables` of the artifacts."""
     low_precision = planned.twin is not None
-    limit = position_limit(planned.model, planned.longest)
+    limit = position_limit(planned.model, planned.bound)
     return {
         "model": model.name,
         "passed": all(case["passed"] for case in cases)
@@ -353,7 +358,7 @@ def assemble_report(
         "repeats": repeats,
         "seconds": round(time.perf_counter() - started, 2),
         "notes": planned.notes + unaudited_tables(audits),
-        "sizes": artifact_sizes(planned.model, paths, planned.longest),
+        "sizes": artifact_sizes(planned.model, paths, planned.bound),
         "summary": summarize(cases, runtimes.names, compared),
         "cases": cases,
         "tables": audits,
