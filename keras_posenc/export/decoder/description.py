@@ -63,12 +63,14 @@ class Attention:
     value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
     query_norm: Norm | None = None  # an RMSNorm over each head's head_dim, before RoPE
     key_norm: Norm | None = None
+    value_norm: Norm | None = None  # (Gemma 4's: no learned scale, i.e. a scale of ones)
     # A query at position i attends to the keys at positions j with i - window < j <= i.
     window: int | None = None
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) when > 0
     rope: Rope | None = (
         None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
     )
+    no_rope: bool = False  # a NoPE layer (SmolLM3's every fourth): q and k not rotated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +86,9 @@ class Mlp:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP;
-    the post norms (Gemma 2 and 3) are optional."""
+    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP,
+    then times `output_scale`; the post norms (Gemma 2, 3 and 4) and the scale (Gemma 4's
+    `layer_scalar`) are optional."""
 
     attention_norm: Norm
     attention: Attention
@@ -93,6 +96,7 @@ class Block:
     mlp: Mlp
     post_attention_norm: Norm | None = None
     post_mlp_norm: Norm | None = None
+    output_scale: float = 1.0  # the block's output (residual included) times this (Gemma 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,8 @@ def optional_parts(decoder: Decoder) -> list[str]:
         "per-head q/k norms": any(
             a.query_norm is not None or a.key_norm is not None for a in attentions
         ),
+        "per-head v norms": any(a.value_norm is not None for a in attentions),
+        "NoPE layers": any(a.no_rope for a in attentions),
         "sliding windows": any(a.window is not None for a in attentions),
         "attention soft caps": any(a.softcap for a in attentions),
         "per-layer RoPE tables": any(a.rope is not None for a in attentions),
@@ -148,6 +154,7 @@ def optional_parts(decoder: Decoder) -> list[str]:
             b.post_attention_norm is not None or b.post_mlp_norm is not None for b in blocks
         ),
         "GeGLU MLPs": any(b.mlp.kind == "geglu" for b in blocks),
+        "block output scales": any(b.output_scale != 1.0 for b in blocks),
         "an embedding scale": decoder.embedding_scale != 1.0,
         "a final logit soft cap": bool(decoder.final_softcap),
     }
