@@ -121,7 +121,8 @@ def tiny_causal_lm(family: str, seed: int = 0, **options):
 # The 2026 families (tests/test_keras_hub_2026.py), kept apart from `FAMILIES` so that the
 # tests of every family above do not grow: family -> (backbone, CausalLM, options).
 FAMILIES_2026 = {
-    # Four layers, the last NoPE (SmolLM3's every fourth), q/k/v biases.
+    # Four layers, the first NoPE (SmolLM3's are every fourth; the first, here, moves the
+    # tokens most when rotated), q/k/v biases.
     "smollm3": (
         "SmolLM3Backbone",
         "SmolLM3CausalLM",
@@ -134,7 +135,7 @@ FAMILIES_2026 = {
             num_key_value_heads=2,
             attention_bias=True,
             attention_dropout=0.0,
-            rope_layer_enabled_list=[True, True, True, False],
+            rope_layer_enabled_list=[False, True, True, True],
             layer_types=["full_attention"] * 4,
             mlp_bias=False,
             layer_norm_epsilon=1e-6,

@@ -235,9 +235,10 @@ def _block(block: DecoderBlock) -> Block:
         up=_array(block.up.kernel),
         down=_array(block.down.kernel),
     )
-    return Block(
-        _norm(block.attention_norm), _attention(block.attention), _norm(block.mlp_norm), mlp
-    )
+    attention = _attention(block.attention)
+    if block.attention.rotary_embedding is None:  # rope_dim=0: a NoPE layer
+        attention = dataclasses.replace(attention, no_rope=True)
+    return Block(_norm(block.attention_norm), attention, _norm(block.mlp_norm), mlp)
 
 
 def _parts(model: keras.Model) -> tuple[list, list[DecoderBlock], list]:
@@ -274,27 +275,32 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
     Raises:
         ExportError: a layer that is not part of the convention, settings not exported
             (biases, gated or windowed attention, a length-switching RoPE scaling past its
-            switch), or blocks that differ in head counts or RoPE.
+            switch), blocks that differ in head counts or RoPE (NoPE blocks aside), or no
+            RoPE block at all.
     """
     (embedding,), blocks, (final_norm, head) = _parts(model)
-    first = blocks[0]
-    for block in blocks[1:]:
+    # NoPE blocks (rope_dim=0) are written without rotation (`Attention.no_rope`); the
+    # others share one RoPE, whose tables the decoder holds.
+    rotary = [block for block in blocks if block.attention.rotary_embedding is not None]
+    if not rotary:
+        raise ExportError(
+            "Every DecoderBlock uses no RoPE (rope_dim=0): the decoder export needs at least "
+            "one RoPE block for its tables."
+        )
+    first = rotary[0]
+    for block in blocks:
         same = (block.num_query_heads, block.num_key_value_heads, block.head_dim) == (
             first.num_query_heads,
             first.num_key_value_heads,
             first.head_dim,
         )
-        if not same or block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]:
+        if not same or (
+            block in rotary
+            and block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]
+        ):
             raise ExportError(f"DecoderBlock {block.name!r} differs from {first.name!r}.")
-    for block in blocks:
-        if block.attention.rotary_embedding is None:
-            raise ExportError(
-                f"DecoderBlock {block.name!r} uses no RoPE (rope_dim=0): the decoder export "
-                "writes RoPE in every layer (GroupQueryAttention's do_rotary) and does not "
-                "write NoPE layers yet."
-            )
     rope = first.attention.rotary_embedding
-    for block in blocks[1:]:
+    for block in rotary[1:]:
         other = block.attention.rotary_embedding
         if (other.max_wavelength, other.layout, other.rotary_dim) != (
             rope.max_wavelength,
