@@ -3,7 +3,8 @@
 Every family has `backbone.token_embedding` (a ReversibleEmbedding: the head is its
 table, tied, or its `reverse_embeddings`), `transformer_layers` and `backbone.layer_norm`.
 The Llama-style blocks (Llama, Llama 3, Mistral, Qwen2, Qwen3, Phi-3) share one layout
-under two spellings (`_LLAMA_NAMES`, `_PHI3_NAMES`); Gemma's are read in `gemma.py`.
+under two spellings (`_LLAMA_NAMES`, `_PHI3_NAMES`); Gemma's are read in `gemma.py`,
+Gemma 4's in `gemma4.py`, SmolLM3's (NoPE layers: no rotary layer) in `smollm3.py`.
 `FAMILIES` maps each class to its block reader (and so to what it adds: windows,
 biases, q/k norms); anything else is refused with an error naming the class or setting.
 """
