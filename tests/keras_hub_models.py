@@ -116,3 +116,90 @@ def tiny_causal_lm(family: str, seed: int = 0, **options):
     backbone = getattr(keras_hub.models, backbone_class)(**{**COMMON, **defaults, **options})
     redraw(backbone, seed)
     return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)
+
+
+# The 2026 families (tests/test_keras_hub_2026.py), kept apart from `FAMILIES` so that the
+# tests of every family above do not grow: family -> (backbone, CausalLM, options).
+FAMILIES_2026 = {
+    # Four layers, the first NoPE (SmolLM3's are every fourth; the first, here, moves the
+    # tokens most when rotated), q/k/v biases.
+    "smollm3": (
+        "SmolLM3Backbone",
+        "SmolLM3CausalLM",
+        dict(
+            vocabulary_size=VOCABULARY,
+            hidden_dim=64,
+            intermediate_dim=96,
+            num_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=True,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[False, True, True, True],
+            layer_types=["full_attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=MAX_LENGTH,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        ),
+    ),
+    # Four layers, local (base 1e4, window 16) and global alternating; the global ones
+    # with proportional RoPE (a quarter of the pairs turn, base 1e6, factor 4) and K = V.
+    "gemma4": (
+        "Gemma4Backbone",
+        "Gemma4CausalLM",
+        dict(
+            vocabulary_size=VOCABULARY,
+            image_size=16,  # required, unused without a vision encoder
+            num_layers=4,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=64,
+            intermediate_dim=96,
+            head_dim=32,
+            final_logit_soft_cap=5.0,
+            sliding_window_size=16,
+            sliding_window_pattern=2,
+            global_rope_scaling_factor=4.0,
+            global_rope_partial_rotary_factor=0.25,
+            num_global_key_value_heads=2,
+        ),
+    ),
+}
+
+
+def _redraw_2026(backbone, seed: int) -> None:
+    """As `redraw`, for the 2026 families: norms multiply by their scale itself, keras_hub's
+    non-trainable weights (SmolLM3's inverse frequencies) kept, and Gemma 4's
+    `layer_scalar` drawn away from 1 (so that the export must write it)."""
+    rng = np.random.default_rng(seed)
+    for weight in backbone.weights:
+        shape = tuple(weight.shape)
+        if weight.path.endswith("layer_scalar"):
+            value = rng.uniform(0.5, 1.5, shape)
+        elif not weight.trainable:
+            continue
+        elif weight.path.endswith("scale"):
+            value = 1 + 0.2 * rng.standard_normal(shape)
+        elif weight.path.endswith("bias"):
+            value = 0.5 * rng.standard_normal(shape)
+        else:
+            if weight.path.endswith("/embeddings"):  # the tied head reads them as a kernel
+                fan_in = shape[1]
+            elif len(shape) == 3 and "attention_output" not in weight.path:
+                fan_in = backbone.hidden_dim  # Gemma 4's (heads, width, head_dim)
+            elif len(shape) == 3:
+                fan_in = shape[0] * shape[1]
+            else:
+                fan_in = shape[0]
+            value = rng.standard_normal(shape) / np.sqrt(fan_in)
+        weight.assign(value.astype(np.float32))
+
+
+def tiny_causal_lm_2026(family: str, seed: int = 0, **options):
+    """A tiny random CausalLM of `FAMILIES_2026` (`options` override the backbone's)."""
+    backbone_class, causal_lm_class, defaults = FAMILIES_2026[family]
+    backbone = getattr(keras_hub.models, backbone_class)(**{**defaults, **options})
+    _redraw_2026(backbone, seed)
+    return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)

@@ -63,8 +63,9 @@ def test_longrope_is_exact_below_its_switch_and_refused_past_it():
         describe_decoder(step(rope_scaling=LONGROPE), 33)
 
 
-def test_a_block_without_rope_is_refused_by_name():
-    # A NoPE block (rope_dim=0, Llama 4's every fourth layer) has no tables for the
-    # GroupQueryAttention caches: refused naming it, not a failure inside the reader.
-    with pytest.raises(ExportError, match=r"DecoderBlock 'b0' uses no RoPE \(rope_dim=0\)"):
+def test_a_decoder_without_any_rope_block_is_refused():
+    # NoPE blocks (rope_dim=0, Llama 4's and SmolLM3's every fourth layer) are written
+    # without rotation (`Attention.no_rope`; tests/test_keras_hub_2026.py exports one),
+    # but a decoder of NoPE blocks only has no tables for the caches: refused by name.
+    with pytest.raises(ExportError, match=r"Every DecoderBlock uses no RoPE \(rope_dim=0\)"):
         describe_decoder(step(rope_dim=0), 64)

@@ -3,7 +3,8 @@
 Every family has `backbone.token_embedding` (a ReversibleEmbedding: the head is its
 table, tied, or its `reverse_embeddings`), `transformer_layers` and `backbone.layer_norm`.
 The Llama-style blocks (Llama, Llama 3, Mistral, Qwen2, Qwen3, Phi-3) share one layout
-under two spellings (`_LLAMA_NAMES`, `_PHI3_NAMES`); Gemma's are read in `gemma.py`.
+under two spellings (`_LLAMA_NAMES`, `_PHI3_NAMES`); Gemma's are read in `gemma.py`,
+Gemma 4's in `gemma4.py`, SmolLM3's (NoPE layers: no rotary layer) in `smollm3.py`.
 `FAMILIES` maps each class to its block reader (and so to what it adds: windows,
 biases, q/k norms); anything else is refused with an error naming the class or setting.
 """
@@ -23,6 +24,8 @@ from keras_posenc.keras_hub import rope as rope_tables
 from keras_posenc.keras_hub.common import array as _array
 from keras_posenc.keras_hub.common import rms_norm as _norm
 from keras_posenc.keras_hub.gemma import gemma_block
+from keras_posenc.keras_hub.gemma4 import gemma4_block
+from keras_posenc.keras_hub.smollm3 import smollm3_block
 
 # keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
 ALIASES = {"Qwen2CausalLM": "QwenCausalLM"}
@@ -145,6 +148,9 @@ def _rope(rotaries: list, head_dim: int, max_length: int, tables: str, owner: st
     """Each layer's tables (one `Rope` object per distinct setting, shared by its layers)."""
     settings, tables_of, ropes = [], [], []  # settings are dicts: looked up by equality
     for rotary in rotaries:
+        if rotary is None:  # a NoPE layer
+            ropes.append(None)
+            continue
         setting = rope_tables.rope_settings(rotary, owner)
         if setting not in settings:
             wavelength, scaling = setting
@@ -189,10 +195,16 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         for i, layer in enumerate(backbone.transformer_layers)
     ]
     ropes = _rope([r for _, r in read], read[0][0].attention.head_dim, max_length, tables, owner)
+    first_rope = next((rope for rope in ropes if rope is not None), None)
+    if first_rope is None:
+        raise ExportError(f"{owner}: no layer uses RoPE; the export needs one that does.")
     blocks = tuple(
         block
-        if rope is ropes[0]
-        else dataclasses.replace(block, attention=dataclasses.replace(block.attention, rope=rope))
+        if rope is first_rope
+        else dataclasses.replace(
+            block,
+            attention=dataclasses.replace(block.attention, rope=rope, no_rope=rope is None),
+        )
         for (block, _), rope in zip(read, ropes, strict=True)
     )
     first = blocks[0].attention
@@ -209,16 +221,25 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
     head = table.T if embedding.tie_weights else _array(embedding.reverse_embeddings)
     # Gemma scales the embedded tokens by sqrt(width) in float32.
     scale = float(np.sqrt(np.float32(backbone.hidden_dim))) if read_block in SCALED else 1.0
+    # The final cap: the embedding's, or the CausalLM's own (Gemma 4's `final_logit_cap`).
+    caps = [getattr(embedding, "logit_soft_cap", None), getattr(causal_lm, "final_logit_cap", None)]
+    caps = [cap for cap in caps if cap]
+    if len(caps) > 1:
+        raise ExportError(
+            f"{owner}: its logits are soft-capped twice (the embedding's logit_soft_cap "
+            f"{caps[0]} and the CausalLM's final_logit_cap {caps[1]}), which the export does "
+            "not write; keep one of them."
+        )
     return Decoder(
         embedding=table,
         blocks=blocks,
-        final_norm=_norm(backbone.layer_norm, owner),
+        final_norm=_norm(getattr(backbone, "layer_norm", None) or backbone.norm, owner),
         head=np.ascontiguousarray(head),
         head_bias=None,
-        rope=ropes[0],
+        rope=first_rope,
         max_length=max_length,
         embedding_scale=scale,
-        final_softcap=float(getattr(embedding, "logit_soft_cap", None) or 0.0),
+        final_softcap=float(caps[0]) if caps else 0.0,
     )
 
 
@@ -238,5 +259,7 @@ FAMILIES = {
     "Phi3CausalLM": functools.partial(_llama_block, lambda attention: None, names=_PHI3_NAMES),
     "GemmaCausalLM": gemma_block,
     "Gemma3CausalLM": gemma_block,
+    "SmolLM3CausalLM": smollm3_block,
+    "Gemma4CausalLM": gemma4_block,
 }
-SCALED = (gemma_block,)  # families whose embedded tokens are scaled by sqrt(width)
+SCALED = (gemma_block, gemma4_block)  # families whose embedded tokens are scaled by sqrt(width)

@@ -38,9 +38,8 @@ def _empty_cache(causal_lm, batch: int, slots: int):
     import keras
 
     backbone = causal_lm.backbone
-    head_dim = getattr(backbone, "head_dim", None) or (
-        backbone.hidden_dim // backbone.num_query_heads
-    )
+    heads = getattr(backbone, "num_query_heads", None) or backbone.num_attention_heads  # SmolLM3
+    head_dim = getattr(backbone, "head_dim", None) or backbone.hidden_dim // heads
     shape = (batch, slots, backbone.num_key_value_heads, head_dim)
     if type(causal_lm).__name__ == "Gemma3CausalLM":
         zeros = keras.ops.zeros

@@ -5,9 +5,10 @@ put into `keras.layers.Embedding`, `DecoderBlock`s, `keras.layers.RMSNormalizati
 `keras.layers.Dense` head joined by `keras_posenc.decoder_models`: the package's exact
 RoPE tables and positions from the padding mask, in Keras. `DecoderBlock` is a
 Llama-style block (no biases, no q/k norms, no window, no soft caps, SwiGLU or GELU), so
-only the families that have none of the `Decoder`'s optional parts rebuild exactly
-(Llama, Llama 3, Phi-3, Mistral with a window no narrower than `max_length`); any other
-is refused naming the parts the blocks lack.
+only the families that have none of the `Decoder`'s optional parts but NoPE layers
+(`rope_dim=0`) rebuild exactly (Llama, Llama 3, Phi-3, Mistral with a window no narrower
+than `max_length`, SmolLM3 without attention biases); any other is refused naming the
+parts the blocks lack.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def _rope_setting(causal_lm, max_length: int, owner: str) -> tuple[float, dict |
     settings = []
     for i, layer in enumerate(causal_lm.backbone.transformer_layers):
         _, rotary = read_block(layer, max_length, f"{owner} layer {i}")
+        if rotary is None:  # a NoPE layer (SmolLM3): rebuilt with rope_dim=0
+            continue
         setting = rope_settings(rotary, owner)
         if setting not in settings:
             settings.append(setting)
@@ -68,7 +71,8 @@ def rebuild(causal_lm, max_length: int) -> tuple[keras.Model, keras.Model]:
     """
     decoder = describe.describe_causal_lm(causal_lm, max_length)
     owner = f"{type(causal_lm).__name__} {causal_lm.backbone.name!r}"
-    parts = optional_parts(decoder)
+    # NoPE layers are DecoderBlocks with rope_dim=0; every other part is not theirs.
+    parts = [part for part in optional_parts(decoder) if part != "NoPE layers"]
     if parts:
         raise ExportError(
             f"{owner} has {', '.join(parts)}, which keras_posenc's DecoderBlock does not "
@@ -92,6 +96,7 @@ def rebuild(causal_lm, max_length: int) -> tuple[keras.Model, keras.Model]:
             mlp=block.mlp.kind,
             rope_max_wavelength=wavelength,
             rope_scaling=scaling,
+            **({"rope_dim": 0} if block.attention.no_rope else {}),
             layer_norm_epsilon=epsilon,
             name=f"block_{i}",
         )

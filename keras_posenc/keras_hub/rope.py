@@ -11,6 +11,8 @@ difference does to the logits.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from keras_posenc.export.decoder.description import Rope
@@ -25,6 +27,18 @@ _EPS32 = 2.0**-24
 _ANGLE_UNITS = 64
 
 
+@dataclasses.dataclass(frozen=True)
+class ProportionalRotary:
+    """Gemma 4's RoPE: keras_hub's `RotaryEmbedding` (`denominator_dim=head_dim`) applied
+    to the first `rotary_dim / 2` channels of each half of the head, the rest passed
+    through: transformers' `proportional` RoPE, a full-head table whose last pairs turn
+    by 0 (cos 1, sin 0, exact)."""
+
+    layer: object
+    rotary_dim: int
+    head_dim: int
+
+
 def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
     """`(max_wavelength, scaling)` of keras_hub rotary layer `layer`, scaling in
     transformers' form (what `keras_posenc.rope_scaling` reads), None for none.
@@ -32,7 +46,18 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
     Raises:
         ExportError: a setting the export does not read (named with the layer).
     """
+    if isinstance(layer, ProportionalRotary):
+        return _proportional_settings(layer, owner)
     kind = type(layer).__name__
+    if kind == "SmolLM3RotaryEmbedding":
+        if layer.partial_rotary_factor != 1.0 or layer.attention_scaling != 1.0:
+            raise ExportError(
+                f"{owner}: partial_rotary_factor={layer.partial_rotary_factor} is not "
+                "exported: keras_hub's SmolLM3 attention multiplies the whole head by its "
+                "cos/sin rows, which are that fraction of the head wide, so it does not run "
+                "with another value than 1.0."
+            )
+        return float(layer.rope_theta), None
     wavelength = float(layer.max_wavelength)
     if (layer.sequence_axis, layer.feature_axis) != (1, -1):
         raise ExportError(f"{owner}: a RoPE layer with other axes than (1, -1) is not exported.")
@@ -73,6 +98,29 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
     return wavelength, {"rope_type": "linear", "factor": float(layer.scaling_factor)}
 
 
+def _proportional_settings(rotary: ProportionalRotary, owner: str) -> tuple[float, dict | None]:
+    layer = rotary.layer
+    if type(layer).__name__ != "RotaryEmbedding" or layer.rope_type != "linear":
+        raise ExportError(
+            f"{owner}: its RoPE layer {type(layer).__name__} is not one the export reads."
+        )
+    if (layer.sequence_axis, layer.feature_axis) != (1, -1):
+        raise ExportError(f"{owner}: a RoPE layer with other axes than (1, -1) is not exported.")
+    if layer.denominator_dim not in (None, rotary.head_dim):
+        raise ExportError(
+            f"{owner}: a RoPE denominator_dim={layer.denominator_dim} other than head_dim "
+            f"({rotary.head_dim}) is not exported."
+        )
+    wavelength, factor = float(layer.max_wavelength), float(layer.scaling_factor)
+    if rotary.rotary_dim == rotary.head_dim:
+        return wavelength, None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    return wavelength, {
+        "rope_type": "proportional",
+        "factor": factor,
+        "partial_rotary_factor": rotary.rotary_dim / rotary.head_dim,
+    }
+
+
 def exact_tables(head_dim: int, wavelength: float, scaling, max_length: int) -> Rope:
     """The package's tables: float64 angles, rounded once to float32."""
     parameters = rope_parameters(head_dim, wavelength, scaling)
@@ -97,7 +145,19 @@ def keras_hub_tables(layer, head_dim: int, max_length: int) -> Rope:
     """
     import keras
 
+    if isinstance(layer, ProportionalRotary):  # the rotated pairs, then the unrotated ones
+        rows = keras_hub_tables(layer.layer, layer.rotary_dim, max_length)
+        rest = (max_length, (head_dim - layer.rotary_dim) // 2)
+        return Rope(
+            cos=np.concatenate([rows.cos, np.ones(rest, np.float32)], axis=1),
+            sin=np.concatenate([rows.sin, np.zeros(rest, np.float32)], axis=1),
+            interleaved=False,
+        )
     half = head_dim // 2
+    if type(layer).__name__ == "SmolLM3RotaryEmbedding":  # it returns its cos/sin rows
+        probe = np.zeros((1, max_length, 1, head_dim), np.float32)
+        cos, sin = (keras.ops.convert_to_numpy(t)[0, :, :half] for t in layer(probe, start_index=0))
+        return Rope(cos=np.ascontiguousarray(cos), sin=np.ascontiguousarray(sin), interleaved=False)
     probe = np.zeros((1, max_length, 1, head_dim), np.float32)
     probe[..., :half] = 1.0
     rotated = keras.ops.convert_to_numpy(layer(probe, start_index=0))[0, :, 0]

@@ -63,12 +63,14 @@ class Attention:
     value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
     query_norm: Norm | None = None  # an RMSNorm over each head's head_dim, before RoPE
     key_norm: Norm | None = None
+    value_norm: Norm | None = None  # (Gemma 4's: no learned scale, i.e. a scale of ones)
     # A query at position i attends to the keys at positions j with i - window < j <= i.
     window: int | None = None
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) when > 0
     rope: Rope | None = (
         None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
     )
+    no_rope: bool = False  # a NoPE layer (SmolLM3's every fourth): q and k not rotated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +86,9 @@ class Mlp:
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP;
-    the post norms (Gemma 2 and 3) are optional."""
+    """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP,
+    then times `output_scale`; the post norms (Gemma 2, 3 and 4) and the scale (Gemma 4's
+    `layer_scalar`) are optional."""
 
     attention_norm: Norm
     attention: Attention
@@ -93,6 +96,7 @@ class Block:
     mlp: Mlp
     post_attention_norm: Norm | None = None
     post_mlp_norm: Norm | None = None
+    output_scale: float = 1.0  # the block's output (residual included) times this (Gemma 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,8 @@ def optional_parts(decoder: Decoder) -> list[str]:
         "per-head q/k norms": any(
             a.query_norm is not None or a.key_norm is not None for a in attentions
         ),
+        "per-head v norms": any(a.value_norm is not None for a in attentions),
+        "NoPE layers": any(a.no_rope for a in attentions),
         "sliding windows": any(a.window is not None for a in attentions),
         "attention soft caps": any(a.softcap for a in attentions),
         "per-layer RoPE tables": any(a.rope is not None for a in attentions),
@@ -148,6 +154,7 @@ def optional_parts(decoder: Decoder) -> list[str]:
             b.post_attention_norm is not None or b.post_mlp_norm is not None for b in blocks
         ),
         "GeGLU MLPs": any(b.mlp.kind == "geglu" for b in blocks),
+        "block output scales": any(b.output_scale != 1.0 for b in blocks),
         "an embedding scale": decoder.embedding_scale != 1.0,
         "a final logit soft cap": bool(decoder.final_softcap),
     }
@@ -228,9 +235,10 @@ def _block(block: DecoderBlock) -> Block:
         up=_array(block.up.kernel),
         down=_array(block.down.kernel),
     )
-    return Block(
-        _norm(block.attention_norm), _attention(block.attention), _norm(block.mlp_norm), mlp
-    )
+    attention = _attention(block.attention)
+    if block.attention.rotary_embedding is None:  # rope_dim=0: a NoPE layer
+        attention = dataclasses.replace(attention, no_rope=True)
+    return Block(_norm(block.attention_norm), attention, _norm(block.mlp_norm), mlp)
 
 
 def _parts(model: keras.Model) -> tuple[list, list[DecoderBlock], list]:
@@ -267,27 +275,32 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
     Raises:
         ExportError: a layer that is not part of the convention, settings not exported
             (biases, gated or windowed attention, a length-switching RoPE scaling past its
-            switch), or blocks that differ in head counts or RoPE.
+            switch), blocks that differ in head counts or RoPE (NoPE blocks aside), or no
+            RoPE block at all.
     """
     (embedding,), blocks, (final_norm, head) = _parts(model)
-    first = blocks[0]
-    for block in blocks[1:]:
+    # NoPE blocks (rope_dim=0) are written without rotation (`Attention.no_rope`); the
+    # others share one RoPE, whose tables the decoder holds.
+    rotary = [block for block in blocks if block.attention.rotary_embedding is not None]
+    if not rotary:
+        raise ExportError(
+            "Every DecoderBlock uses no RoPE (rope_dim=0): the decoder export needs at least "
+            "one RoPE block for its tables."
+        )
+    first = rotary[0]
+    for block in blocks:
         same = (block.num_query_heads, block.num_key_value_heads, block.head_dim) == (
             first.num_query_heads,
             first.num_key_value_heads,
             first.head_dim,
         )
-        if not same or block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]:
+        if not same or (
+            block in rotary
+            and block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]
+        ):
             raise ExportError(f"DecoderBlock {block.name!r} differs from {first.name!r}.")
-    for block in blocks:
-        if block.attention.rotary_embedding is None:
-            raise ExportError(
-                f"DecoderBlock {block.name!r} uses no RoPE (rope_dim=0): the decoder export "
-                "writes RoPE in every layer (GroupQueryAttention's do_rotary) and does not "
-                "write NoPE layers yet."
-            )
     rope = first.attention.rotary_embedding
-    for block in blocks[1:]:
+    for block in rotary[1:]:
         other = block.attention.rotary_embedding
         if (other.max_wavelength, other.layout, other.rotary_dim) != (
             rope.max_wavelength,

@@ -104,6 +104,9 @@ class GqaAttention:
 
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
         """One layer's attention output; writes `present.{i}.key|value`."""
+        # A NoPE layer: no rotation, and no caches (GroupQueryAttention's last, optional
+        # inputs).
+        tables = [] if attention.no_rope else self._cos_sin(g, attention.rope or self.decoder.rope)
         output = g.node(
             "GroupQueryAttention",
             [
@@ -112,14 +115,14 @@ class GqaAttention:
                 f"past_key_values.{i}.value",
                 self.seqlens_k,
                 self.total_length,
-                *self._cos_sin(g, attention.rope or self.decoder.rope),
+                *tables,
             ],
             [g.name(f"layers.{i}.attn"), f"present.{i}.key", f"present.{i}.value"],
             domain=MICROSOFT,
             num_heads=attention.num_heads,
             kv_num_heads=attention.kv_num_heads,
             scale=attention.scale,
-            do_rotary=1,
+            do_rotary=int(not attention.no_rope),
             rotary_interleaved=int(self.decoder.rope.interleaved),
             local_window_size=-1 if attention.window is None else attention.window,
             softcap=attention.softcap,

@@ -11,10 +11,10 @@ return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}`
 `DYNAMIC_UPDATE_SLICE` per tensor, so a runtime can keep one buffer per tensor).
 
 Every part a `Decoder` may have is written (keras_hub's families: q/k/v biases, per-head
-q/k norms, sliding windows, soft caps, per-layer RoPE tables, post norms, GeGLU, the
-embedding scale). A sliding window counts tokens, not slots: a key's position is the
-count of slots the query's row attends to up to it, less one, so left padding inside
-the window does not narrow it.
+q/k/v norms, NoPE layers, sliding windows, soft caps, per-layer RoPE tables, post norms,
+GeGLU, block output scales, the embedding scale). A sliding window counts tokens, not
+slots: a key's position is the count of slots the query's row attends to up to it, less
+one, so left padding inside the window does not narrow it.
 
 A token's RoPE position is the count of slots its row of `mask` lets it attend to, less
 one (itself): the count of real tokens before it, as in the ONNX file and in Keras's
@@ -135,9 +135,10 @@ class DecoderModule(tf.Module):
         kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
         q = self._heads(h, a.query, a.query_bias, a.query_norm, a.num_heads)
         k = self._heads(h, a.key, a.key_bias, a.key_norm, kv_heads)
-        v = self._heads(h, a.value, a.value_bias, None, kv_heads)
-        rope = a.rope or self.decoder.rope
-        q, k = self._rotate(q, rope, *rows), self._rotate(k, rope, *rows)
+        v = self._heads(h, a.value, a.value_bias, a.value_norm, kv_heads)
+        if not a.no_rope:  # a NoPE layer's q and k are not rotated (`rows` is None)
+            rope = a.rope or self.decoder.rope
+            q, k = self._rotate(q, rope, *rows), self._rotate(k, rope, *rows)
         at = tf.stack([0, 0, start, 0])
         # NaN, not the cache left as it was: a caller going on past NaN logits would get
         # plausible tokens from a cache missing this one. A NaN value reaches every later
@@ -187,7 +188,10 @@ class DecoderModule(tf.Module):
         out = self._mlp(self._norm(x, block.mlp_norm), block.mlp)
         if block.post_mlp_norm is not None:
             out = self._norm(out, block.post_mlp_norm)
-        return x + out, key_cache, value_cache
+        x = x + out
+        if block.output_scale != 1.0:
+            x = x * block.output_scale
+        return x, key_cache, value_cache
 
     def _valid(self, tokens, start, attended):
         """`(batch,)`: the call fits the cache and no row of the mask sees a slot after
@@ -215,13 +219,19 @@ class DecoderModule(tf.Module):
         updated = []
         for i, block in enumerate(decoder.blocks):
             rope = block.attention.rope or decoder.rope
-            if id(rope) not in rows:
+            if id(rope) not in rows and not block.attention.no_rope:
                 rows[id(rope)] = (tf.gather(rope.cos, positions), tf.gather(rope.sin, positions))
             window = block.attention.window
             if window not in windowed:
                 windowed[window] = self._windowed(attended, window)
             x, key_cache, value_cache = self._block(
-                x, block, caches[2 * i : 2 * i + 2], start, windowed[window], rows[id(rope)], valid
+                x,
+                block,
+                caches[2 * i : 2 * i + 2],
+                start,
+                windowed[window],
+                rows.get(id(rope)),
+                valid,
             )
             updated += [key_cache, value_cache]
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)

@@ -135,7 +135,12 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
             norm, name = decoder.blocks[i + 1].attention_norm, f"layers.{i + 1}.input_layernorm"
         else:
             norm, name = decoder.final_norm, "norm"
-        hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
+        if block.output_scale == 1.0:
+            hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
+        else:  # Gemma 4's layer_scalar: the sum scaled before the next norm reads it
+            total = g.node("Add", [mlp_out, residual])
+            residual = g.node("Mul", [total, g.constant(block.output_scale, np.float32)])
+            hidden = _norm(g, residual, norm.scale, norm.epsilon, name)
     hidden = attend.finish(g, hidden)
     head = g.initializer("lm_head", decoder.head)
     capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None

@@ -6,6 +6,7 @@ Without biases or per-head norms: one MatMul of the packed `[query | key | value
 three are separate MatMuls, and the query and key are normed over each head's `head_dim`
 (`SimplifiedLayerNormalization` on `(batch, sequence, heads, head_dim)`), as the genai
 builder does for those families: GroupQueryAttention then takes them as three inputs.
+A value norm (Gemma 4's, without a learned scale: a scale of ones) is written the same way.
 In the standard-op graph the head norms are ONNX's `RMSNormalization`.
 """
 
@@ -39,7 +40,7 @@ def _head_norm(g: GraphBuilder, x: str, norm: Norm, heads: int, head_dim: int, n
 def attention_inputs(g: GraphBuilder, i: int, hidden: str, attention: Attention) -> list[str]:
     """GroupQueryAttention's first three inputs: `[qkv, "", ""]` or `[query, key, value]`."""
     a, prefix = attention, f"layers.{i}.attn"
-    if a.query_norm is None and a.key_norm is None:
+    if a.query_norm is None and a.key_norm is None and a.value_norm is None:
         packed = np.concatenate([a.query, a.key, a.value], axis=1)
         biases = (a.query_bias, a.key_bias, a.value_bias)
         bias = None
@@ -59,4 +60,6 @@ def attention_inputs(g: GraphBuilder, i: int, hidden: str, attention: Attention)
         query = _head_norm(g, query, a.query_norm, a.num_heads, a.head_dim, f"{prefix}.q_norm")
     if a.key_norm is not None:
         key = _head_norm(g, key, a.key_norm, a.kv_num_heads, a.head_dim, f"{prefix}.k_norm")
+    if a.value_norm is not None:
+        value = _head_norm(g, value, a.value_norm, a.kv_num_heads, a.head_dim, f"{prefix}.v_norm")
     return [query, key, value]

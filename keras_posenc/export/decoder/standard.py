@@ -161,9 +161,12 @@ class StandardAttention:
             kv_width = attention.kv_num_heads * attention.head_dim
             widths = [attention.num_heads * attention.head_dim, kv_width, kv_width]
             q, k, v = g.node("Split", [q, g.constant(widths, np.int64)], 3, axis=-1)
-        rope = attention.rope or self.decoder.rope
-        q = self._rotate(g, self._heads(g, q, attention.num_heads), attention.num_heads, rope)
-        k = self._rotate(g, self._heads(g, k, attention.kv_num_heads), attention.kv_num_heads, rope)
+        q = self._heads(g, q, attention.num_heads)
+        k = self._heads(g, k, attention.kv_num_heads)
+        if not attention.no_rope:  # a NoPE layer's q and k are not rotated
+            rope = attention.rope or self.decoder.rope
+            q = self._rotate(g, q, attention.num_heads, rope)
+            k = self._rotate(g, k, attention.kv_num_heads, rope)
         v = self._heads(g, v, attention.kv_num_heads)
         caches = [
             g.node(
