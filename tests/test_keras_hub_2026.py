@@ -172,10 +172,6 @@ def test_a_final_cap_of_the_causal_lm_is_exported_and_two_are_refused():
         ("smollm3", {"layer_types": ["sliding_attention"] * 4}, "'sliding_attention' is not"),
         ("smollm3", {"mlp_bias": True}, r"has a bias \(mlp_bias=True\)"),
         ("smollm3", {"rope_layer_enabled_list": [False] * 4}, "no layer uses RoPE"),
-        ("gemma4", {"hidden_size_per_layer_input": 8}, "with hidden_size_per_layer_input is"),
-        ("gemma4", {"num_kv_shared_layers": 2}, r"with is_kv_shared_layer \(num_kv_shared"),
-        ("gemma4", {"global_head_dim": 64}, "with global_head_dim is not exported"),
-        ("gemma4", {"num_global_key_value_heads": 1}, "with num_global_key_value_heads is"),
         ("gemma4", {"use_bidirectional_attention": True}, "with use_bidirectional_attention"),
         (
             "gemma4",

@@ -24,7 +24,7 @@ from keras_posenc.keras_hub import rope as rope_tables
 from keras_posenc.keras_hub.common import array as _array
 from keras_posenc.keras_hub.common import rms_norm as _norm
 from keras_posenc.keras_hub.gemma import gemma_block
-from keras_posenc.keras_hub.gemma4 import gemma4_block
+from keras_posenc.keras_hub.gemma4 import gemma4_block, gemma4_per_layer_inputs
 from keras_posenc.keras_hub.smollm3 import smollm3_block
 
 # keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
@@ -144,16 +144,17 @@ def _llama_block(
     return block, rotary
 
 
-def _rope(rotaries: list, head_dim: int, max_length: int, tables: str, owner: str) -> list:
-    """Each layer's tables (one `Rope` object per distinct setting, shared by its layers)."""
+def _rope(rotaries: list, head_dims: list, max_length: int, tables: str, owner: str) -> list:
+    """Each layer's tables (one `Rope` object per distinct setting and head size, shared
+    by its layers)."""
     settings, tables_of, ropes = [], [], []  # settings are dicts: looked up by equality
-    for rotary in rotaries:
+    for rotary, head_dim in zip(rotaries, head_dims, strict=True):
         if rotary is None:  # a NoPE layer
             ropes.append(None)
             continue
-        setting = rope_tables.rope_settings(rotary, owner)
+        setting = (*rope_tables.rope_settings(rotary, owner), head_dim)
         if setting not in settings:
-            wavelength, scaling = setting
+            wavelength, scaling, _ = setting
             exact = rope_tables.exact_tables(head_dim, wavelength, scaling, max_length)
             keras_hub = rope_tables.keras_hub_tables(rotary, head_dim, max_length)
             rope_tables.check_agreement(exact, keras_hub, max_length, owner)
@@ -194,7 +195,8 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         read_block(layer, max_length, f"{owner} layer {i}")
         for i, layer in enumerate(backbone.transformer_layers)
     ]
-    ropes = _rope([r for _, r in read], read[0][0].attention.head_dim, max_length, tables, owner)
+    head_dims = [block.attention.head_dim for block, _ in read]
+    ropes = _rope([r for _, r in read], head_dims, max_length, tables, owner)
     first_rope = next((rope for rope in ropes if rope is not None), None)
     if first_rope is None:
         raise ExportError(f"{owner}: no layer uses RoPE; the export needs one that does.")
@@ -207,15 +209,7 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         )
         for (block, _), rope in zip(read, ropes, strict=True)
     )
-    first = blocks[0].attention
-    for block in blocks[1:]:
-        a = block.attention
-        if (a.num_heads, a.kv_num_heads, a.head_dim) != (
-            first.num_heads,
-            first.kv_num_heads,
-            first.head_dim,
-        ):
-            raise ExportError(f"{owner}: its layers differ in head counts.")
+    _check_kv_sources(blocks, owner)
     embedding = backbone.token_embedding
     table = _array(embedding.embeddings)
     head = table.T if embedding.tie_weights else _array(embedding.reverse_embeddings)
@@ -240,7 +234,28 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         max_length=max_length,
         embedding_scale=scale,
         final_softcap=float(caps[0]) if caps else 0.0,
+        per_layer_inputs=gemma4_per_layer_inputs(backbone, owner),
     )
+
+
+def _check_kv_sources(blocks, owner: str) -> None:
+    """A KV-sharing layer reads an earlier layer's own cache of its head sizes."""
+    for i, block in enumerate(blocks):
+        a, source = block.attention, block.attention.kv_source
+        if source is None:
+            continue
+        if not 0 <= source < i or blocks[source].attention.kv_source is not None:
+            raise ExportError(
+                f"{owner}: layer {i} shares the keys and values of layer {source}, which is "
+                "not an earlier layer with a cache of its own (a model whose every layer "
+                "shares, Gemma 4's assistant, reads an outside cache): not exported."
+            )
+        theirs = blocks[source].attention
+        if (a.kv_num_heads, a.head_dim) != (theirs.kv_num_heads, theirs.head_dim):
+            raise ExportError(
+                f"{owner}: layer {i} ({a.kv_num_heads} K/V heads of {a.head_dim}) shares the "
+                f"cache of layer {source} ({theirs.kv_num_heads} of {theirs.head_dim})."
+            )
 
 
 def _window(attention) -> int | None:

@@ -40,11 +40,14 @@ def _empty_cache(causal_lm, batch: int, slots: int):
     backbone = causal_lm.backbone
     heads = getattr(backbone, "num_query_heads", None) or backbone.num_attention_heads  # SmolLM3
     head_dim = getattr(backbone, "head_dim", None) or backbone.hidden_dim // heads
+    # Gemma 4's global layers may be wider: keras_hub's `_build_cache` sizes by the widest.
+    head_dim = max(head_dim, getattr(backbone, "global_head_dim", None) or 0)
     shape = (batch, slots, backbone.num_key_value_heads, head_dim)
+    dtype = causal_lm.compute_dtype  # float64 for a float64 reference
     if type(causal_lm).__name__ == "Gemma3CausalLM":
         zeros = keras.ops.zeros
-        return tuple((zeros(shape), zeros(shape)) for _ in range(backbone.num_layers))
-    return keras.ops.zeros((batch, backbone.num_layers, 2, *shape[1:]))
+        return tuple((zeros(shape, dtype), zeros(shape, dtype)) for _ in range(backbone.num_layers))
+    return keras.ops.zeros((batch, backbone.num_layers, 2, *shape[1:]), dtype)
 
 
 def keras_hub_greedy(causal_lm):
@@ -66,7 +69,8 @@ def keras_hub_greedy(causal_lm):
         if not traced:
             traced.append(_cached_call(causal_lm, cache))
         call = traced[0]
-        logits = np.zeros((batch, total, backbone.vocabulary_size), np.float32)
+        dtype = np.float64 if causal_lm.compute_dtype == "float64" else np.float32
+        logits = np.zeros((batch, total, backbone.vocabulary_size), dtype)
         start = keras.ops.convert_to_tensor(0, "int32")
         out, _, cache = call(keras.ops.convert_to_tensor(tokens[:, :width]), cache, start)
         logits[:, :width] = keras.ops.convert_to_numpy(out)
@@ -79,7 +83,7 @@ def keras_hub_greedy(causal_lm):
             )
             logits[:, slot] = keras.ops.convert_to_numpy(out)[:, 0]
         # Back to the left-padded layout: step s of row r is slot length_r - 1 + s.
-        prompt_logits = np.zeros((batch, width, logits.shape[-1]), np.float32)
+        prompt_logits = np.zeros((batch, width, logits.shape[-1]), dtype)
         slots = np.stack([lengths - 1 + s for s in range(steps + 1)], axis=1)  # (batch, steps+1)
         for row, length in enumerate(lengths):
             prompt_logits[row, width - length :] = logits[row, :length]

@@ -71,6 +71,10 @@ class Attention:
         None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
     )
     no_rope: bool = False  # a NoPE layer (SmolLM3's every fourth): q and k not rotated
+    # KV sharing (Gemma 4's last `num_kv_shared_layers`): this layer computes and caches no
+    # keys or values of its own (its `key`/`value` are `(width, 0)`, its k/v norms None)
+    # and attends to layer `kv_source`'s cache as that layer left it in the same call.
+    kv_source: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +86,35 @@ class Mlp:
     gate: np.ndarray | None
     up: np.ndarray
     down: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLayerGate:
+    """Gemma 4's per-layer input gate (E2B/E4B), after the MLP's residual and before
+    `output_scale`: `x + norm((gelu_tanh(x @ gate) * per_layer_input) @ up)`."""
+
+    gate: np.ndarray  # (width, per_layer_width)
+    up: np.ndarray  # (per_layer_width, width)
+    norm: Norm  # over width
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLayerInputs:
+    """Gemma 4's per-layer embeddings (PLE): block `i`'s input is
+    `(norm(p[i]) + e[i]) * combine_scale`, `e = embedding[ids] * embedding_scale` and
+    `p = (x @ projection) * projection_scale` (`x` the scaled token embedding), both cut
+    into `num_layers` slices of `per_layer_width`; `norm` over one slice."""
+
+    embedding: np.ndarray  # (per-layer vocabulary, num_layers * per_layer_width)
+    embedding_scale: float
+    projection: np.ndarray  # (width, num_layers * per_layer_width)
+    projection_scale: float
+    norm: Norm
+    combine_scale: float
+
+    @property
+    def width(self) -> int:
+        return self.norm.scale.shape[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +130,7 @@ class Block:
     post_attention_norm: Norm | None = None
     post_mlp_norm: Norm | None = None
     output_scale: float = 1.0  # the block's output (residual included) times this (Gemma 4)
+    per_layer_gate: PerLayerGate | None = None  # Gemma 4's PLE gate (see `PerLayerInputs`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +146,7 @@ class Decoder:
     max_length: int
     embedding_scale: float = 1.0  # the embedded tokens times this (Gemma: sqrt(width))
     final_softcap: float = 0.0  # logits become cap * tanh(logits / cap) when > 0 (Gemma 2)
+    per_layer_inputs: PerLayerInputs | None = None  # Gemma 4's PLE (E2B, E4B)
 
     @property
     def vocabulary(self) -> int:
@@ -127,8 +162,13 @@ class Decoder:
 
     @property
     def attention(self) -> Attention:
-        """The first block's attention (every block has the same head counts)."""
+        """The first block's attention: the decoder's default head counts (blocks may
+        differ in head_dim and kv_num_heads: Gemma 4's global layers)."""
         return self.blocks[0].attention
+
+    def cached_layers(self) -> list[int]:
+        """The layers with a cache of their own (all but the KV-sharing ones)."""
+        return [i for i, b in enumerate(self.blocks) if b.attention.kv_source is None]
 
 
 def optional_parts(decoder: Decoder) -> list[str]:
@@ -155,6 +195,9 @@ def optional_parts(decoder: Decoder) -> list[str]:
         ),
         "GeGLU MLPs": any(b.mlp.kind == "geglu" for b in blocks),
         "block output scales": any(b.output_scale != 1.0 for b in blocks),
+        "per-layer head sizes": len({(a.head_dim, a.kv_num_heads) for a in attentions}) > 1,
+        "shared key/value layers": any(a.kv_source is not None for a in attentions),
+        "per-layer inputs": decoder.per_layer_inputs is not None,
         "an embedding scale": decoder.embedding_scale != 1.0,
         "a final logit soft cap": bool(decoder.final_softcap),
     }

@@ -22,27 +22,33 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
-from keras_posenc.export.decoder.projection import attention_inputs
+from keras_posenc.export.decoder.projection import attention_inputs, query_input
 from keras_posenc.export.errors import ExportError
 
 
 def check_gqa(decoder: Decoder) -> None:
     """onnxruntime's CPU GroupQueryAttention's limits, which its kernel checks only when it
     runs (onnxruntime 1.32: "head_size shall be a multiple of 16", with or without rotary;
-    "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8")."""
-    attention, rope = decoder.attention, decoder.rope
-    if attention.head_dim % 16:
-        raise ExportError(
-            f"onnxruntime's GroupQueryAttention needs head_dim to be a multiple of 16 (its CPU "
-            f"kernel's limit), got {attention.head_dim}; use attention='standard' (ONNX's "
-            "Attention), or formats=('litert',)."
-        )
-    if (rope.rotary_dim // 2) % 8:
-        raise ExportError(
-            f"onnxruntime's GroupQueryAttention needs rotary_dim / 2 to be a multiple of 8 (the "
-            f"width of its cos/sin caches), got rotary_dim={rope.rotary_dim}; use "
-            "attention='standard' (ONNX's Attention), or formats=('litert',)."
-        )
+    "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8"), per layer (each
+    has its own head size and tables: Gemma 4's global layers)."""
+    for i, block in enumerate(decoder.blocks):
+        attention = block.attention
+        rope = attention.rope or decoder.rope
+        if attention.head_dim % 16:
+            raise ExportError(
+                f"onnxruntime's GroupQueryAttention needs head_dim to be a multiple of 16 (its "
+                f"CPU kernel's limit), got {attention.head_dim} (layer {i}); use "
+                "attention='standard' (ONNX's Attention), or formats=('litert',)."
+            )
+        if not attention.no_rope and (
+            (rope.rotary_dim // 2) % 8 or rope.rotary_dim > attention.head_dim
+        ):
+            raise ExportError(
+                f"onnxruntime's GroupQueryAttention needs rotary_dim / 2 to be a multiple of 8 "
+                f"(the width of its cos/sin caches) and rotary_dim <= head_dim, got "
+                f"rotary_dim={rope.rotary_dim}, head_dim={attention.head_dim} (layer {i}); use "
+                "attention='standard' (ONNX's Attention), or formats=('litert',)."
+            )
 
 
 class GqaAttention:
@@ -62,6 +68,7 @@ class GqaAttention:
         total_length = g.node("Squeeze", [width, g.constant([0], i64)])
         self.total_length = g.node("Cast", [total_length], to=6)
         self._tables = {}  # id(Rope) -> (cos, sin) initializers, one pair per distinct table
+        self._new_kv = {}  # layer -> its GroupQueryAttention key and value inputs
         # The new tokens turned around so that each row's padding comes last.
         length = g.node("Shape", [input_ids], start=1, end=2)  # (1,)
         new_mask = g.node(
@@ -103,21 +110,23 @@ class GqaAttention:
         return self._tables[id(rope)]
 
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
-        """One layer's attention output; writes `present.{i}.key|value`."""
+        """One layer's attention output; writes `present.{i}.key|value` (a KV-sharing layer:
+        none, see `_shared`)."""
         # A NoPE layer: no rotation, and no caches (GroupQueryAttention's last, optional
         # inputs).
         tables = [] if attention.no_rope else self._cos_sin(g, attention.rope or self.decoder.rope)
+        source = attention.kv_source
+        if source is None:
+            inputs = attention_inputs(g, i, hidden, attention)
+            self._new_kv[i] = inputs[1:]
+            caches = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            presents = [f"present.{i}.key", f"present.{i}.value"]
+        else:
+            inputs, caches, presents = self._shared(g, i, hidden, attention, source)
         output = g.node(
             "GroupQueryAttention",
-            [
-                *attention_inputs(g, i, hidden, attention),
-                f"past_key_values.{i}.key",
-                f"past_key_values.{i}.value",
-                self.seqlens_k,
-                self.total_length,
-                *tables,
-            ],
-            [g.name(f"layers.{i}.attn"), f"present.{i}.key", f"present.{i}.value"],
+            [*inputs, *caches, self.seqlens_k, self.total_length, *tables],
+            [g.name(f"layers.{i}.attn"), *presents],
             domain=MICROSOFT,
             num_heads=attention.num_heads,
             kv_num_heads=attention.kv_num_heads,
@@ -130,3 +139,20 @@ class GqaAttention:
         return g.node(
             "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]
         )
+
+    def _shared(self, g: GraphBuilder, i: int, hidden: str, attention: Attention, source: int):
+        """A KV-sharing layer's GroupQueryAttention inputs, caches and presents: its own
+        query, and the source layer's new keys and values (before RoPE) over the source's
+        present cache, which already holds them; GroupQueryAttention writes them again,
+        the same values into the same slots, into a present of its own that is no output
+        of the graph (the op has no form that reads a cache without appending to it)."""
+        key, value = self._new_kv.get(source, ("", ""))
+        if not key:  # the packed form: never a KV source (Gemma 4's layers norm k and v)
+            raise ExportError(
+                f"Layer {i} shares the keys and values of layer {source}, which has no "
+                "separate key and value projections (q/k/v packed): not exported."
+            )
+        query = query_input(g, i, hidden, attention)
+        caches = [f"present.{source}.key", f"present.{source}.value"]
+        presents = [g.name(f"layers.{i}.shared_key"), g.name(f"layers.{i}.shared_value")]
+        return [query, key, value], caches, presents

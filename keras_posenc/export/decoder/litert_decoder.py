@@ -49,9 +49,10 @@ SIGNATURES = ("prefill", "decode")
 _MASKED = float(np.finfo(np.float32).min)
 
 
-def cache_names(num_layers: int) -> list[str]:
-    """litert-torch's cache tensor names, in the order the signatures list them."""
-    return [f"kv_cache_{kind}_{i}" for i in range(num_layers) for kind in ("k", "v")]
+def cache_names(layers: list[int]) -> list[str]:
+    """litert-torch's cache tensor names of `layers` (those with a cache of their own), in
+    the order the signatures list them."""
+    return [f"kv_cache_{kind}_{i}" for i in layers for kind in ("k", "v")]
 
 
 class DecoderModule(tf.Module):
@@ -60,24 +61,24 @@ class DecoderModule(tf.Module):
     def __init__(self, decoder: Decoder):
         super().__init__(name="decoder")
         self.decoder = decoder
-        first = decoder.attention
-        self.kv_heads, self.head_dim, self.slots = (
-            first.kv_num_heads,
-            first.head_dim,
-            decoder.max_length,
-        )
+        self.slots = decoder.max_length
+        self.cached = decoder.cached_layers()
         self.prefill = tf.function(self._step, input_signature=self._specs(None), autograph=False)
         self.decode = tf.function(self._step, input_signature=self._specs(1), autograph=False)
 
     def _specs(self, sequence: int | None) -> list[tf.TensorSpec]:
-        cache = [None, self.kv_heads, self.slots, self.head_dim]
+        def cache(i: int) -> list:
+            attention = self.decoder.blocks[i].attention
+            return [None, attention.kv_num_heads, self.slots, attention.head_dim]
+
         return [
             tf.TensorSpec([None, sequence], tf.int32, name="tokens"),
             tf.TensorSpec([sequence], tf.int32, name="input_pos"),
             tf.TensorSpec([None, 1, sequence, self.slots], tf.float32, name="mask"),
             *[
-                tf.TensorSpec(cache, tf.float32, name=name)
-                for name in cache_names(self.decoder.num_layers)
+                tf.TensorSpec(cache(i), tf.float32, name=f"kv_cache_{kind}_{i}")
+                for i in self.cached
+                for kind in ("k", "v")
             ],
         ]
 
@@ -100,7 +101,7 @@ class DecoderModule(tf.Module):
         else:
             a, b = rotary[..., :half], rotary[..., half:]
             rotated = tf.concat([a * c - b * s, b * c + a * s], -1)
-        return tf.concat([rotated, rest], -1) if self.head_dim > 2 * half else rotated
+        return tf.concat([rotated, rest], -1) if x.shape[-1] > 2 * half else rotated
 
     @staticmethod
     def _mlp(h, mlp: Mlp):
@@ -124,32 +125,38 @@ class DecoderModule(tf.Module):
         x = tf.matmul(h, kernel)
         if bias is not None:
             x = x + bias
-        x = tf.reshape(x, [tf.shape(h)[0], tf.shape(h)[1], heads, self.head_dim])
+        x = tf.reshape(x, [tf.shape(h)[0], tf.shape(h)[1], heads, kernel.shape[1] // heads])
         return x if norm is None else self._norm(x, norm)
 
     def _attention(self, h, a: Attention, caches, start, attended, rows, valid):
         """One layer: `(output, key_cache, value_cache)`, the caches written at `start`;
         `attended` `(batch, 1, seq, slots)` the slots this layer's queries see; the keys
-        and values of a row not `valid` `(batch,)` written as NaN."""
+        and values of a row not `valid` `(batch,)` written as NaN. A KV-sharing layer
+        reads `caches` (its source's, written) and writes nothing."""
         batch, steps = tf.shape(h)[0], tf.shape(h)[1]
-        kv_heads, head_dim, groups = self.kv_heads, self.head_dim, a.num_heads // a.kv_num_heads
+        kv_heads, head_dim, groups = a.kv_num_heads, a.head_dim, a.num_heads // a.kv_num_heads
         q = self._heads(h, a.query, a.query_bias, a.query_norm, a.num_heads)
-        k = self._heads(h, a.key, a.key_bias, a.key_norm, kv_heads)
-        v = self._heads(h, a.value, a.value_bias, a.value_norm, kv_heads)
-        if not a.no_rope:  # a NoPE layer's q and k are not rotated (`rows` is None)
-            rope = a.rope or self.decoder.rope
-            q, k = self._rotate(q, rope, *rows), self._rotate(k, rope, *rows)
-        at = tf.stack([0, 0, start, 0])
-        # NaN, not the cache left as it was: a caller going on past NaN logits would get
-        # plausible tokens from a cache missing this one. A NaN value reaches every later
-        # output of the row (a masked slot's weight is 0, and 0 * NaN is NaN).
-        valid = tf.reshape(valid, [-1, 1, 1, 1])
-        key_cache, value_cache = (
-            xla.dynamic_update_slice(
-                cache, tf.where(valid, tf.transpose(new, [0, 2, 1, 3]), np.nan), at
+        rope = None if a.no_rope else a.rope or self.decoder.rope  # NoPE: `rows` is None
+        if rope is not None:
+            q = self._rotate(q, rope, *rows)
+        if a.kv_source is not None:
+            key_cache, value_cache = caches
+        else:
+            k = self._heads(h, a.key, a.key_bias, a.key_norm, kv_heads)
+            v = self._heads(h, a.value, a.value_bias, a.value_norm, kv_heads)
+            if rope is not None:
+                k = self._rotate(k, rope, *rows)
+            at = tf.stack([0, 0, start, 0])
+            # NaN, not the cache left as it was: a caller going on past NaN logits would get
+            # plausible tokens from a cache missing this one. A NaN value reaches every later
+            # output of the row (a masked slot's weight is 0, and 0 * NaN is NaN).
+            valid = tf.reshape(valid, [-1, 1, 1, 1])
+            key_cache, value_cache = (
+                xla.dynamic_update_slice(
+                    cache, tf.where(valid, tf.transpose(new, [0, 2, 1, 3]), np.nan), at
+                )
+                for cache, new in zip(caches, (k, v), strict=True)
             )
-            for cache, new in zip(caches, (k, v), strict=True)
-        )
         # Query head h reads key/value head h // groups: (batch, kv, groups * steps, dim).
         q = tf.reshape(tf.transpose(q, [0, 2, 1, 3]), [batch, kv_heads, groups * steps, head_dim])
         scores = self._capped(tf.matmul(q * a.scale, key_cache, transpose_b=True), a.softcap)
@@ -170,9 +177,10 @@ class DecoderModule(tf.Module):
         total = counts[..., -1:]  # the query's position + 1
         return tf.logical_and(attended, total - counts < window)
 
-    def _block(self, x, block: Block, caches, start, attended, rows, valid):
+    def _block(self, x, block: Block, caches, start, attended, rows, valid, layer_input):
         """`(x, key_cache, value_cache)` after one block's two residual branches;
-        `attended` the slots its queries see (its window applied)."""
+        `attended` the slots its queries see (its window applied); `layer_input` its
+        per-layer input (Gemma 4's PLE) or None."""
         out, key_cache, value_cache = self._attention(
             self._norm(x, block.attention_norm),
             block.attention,
@@ -189,6 +197,10 @@ class DecoderModule(tf.Module):
         if block.post_mlp_norm is not None:
             out = self._norm(out, block.post_mlp_norm)
         x = x + out
+        gate = block.per_layer_gate
+        if gate is not None:
+            gated = tf.nn.gelu(tf.matmul(x, gate.gate), approximate=True) * layer_input
+            x = x + self._norm(tf.matmul(gated, gate.up), gate.norm)
         if block.output_scale != 1.0:
             x = x * block.output_scale
         return x, key_cache, value_cache
@@ -204,6 +216,14 @@ class DecoderModule(tf.Module):
         sees_later = tf.reduce_any(tf.logical_and(attended, later), axis=[1, 2, 3])
         return tf.logical_and(fits, tf.logical_not(sees_later))
 
+    def _per_layer_inputs(self, tokens, x):
+        """Gemma 4's per-layer inputs `(batch, seq, num_layers, width)` (`PerLayerInputs`)."""
+        ple, layers = self.decoder.per_layer_inputs, self.decoder.num_layers
+        shape = tf.concat([tf.shape(tokens), [layers, ple.width]], 0)
+        embedded = tf.reshape(tf.gather(ple.embedding, tokens) * ple.embedding_scale, shape)
+        projected = tf.reshape(tf.matmul(x, ple.projection) * ple.projection_scale, shape)
+        return (self._norm(projected, ple.norm) + embedded) * ple.combine_scale
+
     def _step(self, tokens, input_pos, mask, *caches):
         decoder = self.decoder
         attended = mask >= 0  # (batch, 1, seq, slots)
@@ -216,7 +236,11 @@ class DecoderModule(tf.Module):
         x = tf.gather(decoder.embedding, tokens)
         if decoder.embedding_scale != 1.0:
             x = x * decoder.embedding_scale
-        updated = []
+        per_layer = None
+        if decoder.per_layer_inputs is not None:
+            per_layer = self._per_layer_inputs(tokens, x)
+        cache_of = {i: caches[2 * n : 2 * n + 2] for n, i in enumerate(self.cached)}
+        updated = {}  # layer -> its written (key, value) caches
         for i, block in enumerate(decoder.blocks):
             rope = block.attention.rope or decoder.rope
             if id(rope) not in rows and not block.attention.no_rope:
@@ -224,23 +248,27 @@ class DecoderModule(tf.Module):
             window = block.attention.window
             if window not in windowed:
                 windowed[window] = self._windowed(attended, window)
+            source = block.attention.kv_source
             x, key_cache, value_cache = self._block(
                 x,
                 block,
-                caches[2 * i : 2 * i + 2],
+                cache_of[i] if source is None else updated[source],
                 start,
                 windowed[window],
                 rows.get(id(rope)),
                 valid,
+                None if per_layer is None else per_layer[:, :, i],
             )
-            updated += [key_cache, value_cache]
+            if source is None:
+                updated[i] = (key_cache, value_cache)
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
         if decoder.head_bias is not None:
             logits = logits + decoder.head_bias
         logits = self._capped(logits, decoder.final_softcap)
         logits = tf.where(tf.reshape(valid, [-1, 1, 1]), logits, np.nan)
-        names = cache_names(decoder.num_layers)
-        return {"logits": logits, **dict(zip(names, updated, strict=True))}
+        names = cache_names(self.cached)
+        written = [cache for i in self.cached for cache in updated[i]]
+        return {"logits": logits, **dict(zip(names, written, strict=True))}
 
 
 def decoder_litert(decoder: Decoder) -> bytes:

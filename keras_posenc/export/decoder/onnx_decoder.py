@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from keras_posenc.export.decoder.description import Decoder, Mlp
+from keras_posenc.export.decoder.description import Decoder, Mlp, PerLayerInputs
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
@@ -61,10 +61,8 @@ def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
 
 
 def interface(decoder: Decoder) -> tuple[list, list]:
-    """The graph's `(inputs, outputs)` value infos."""
-    attention = decoder.attention
-    cache = ["batch_size", attention.kv_num_heads, "past_sequence_length", attention.head_dim]
-    present = ["batch_size", attention.kv_num_heads, "total_sequence_length", attention.head_dim]
+    """The graph's `(inputs, outputs)` value infos: a cache per layer that has one (not
+    the KV-sharing layers), each of its own layer's head count and size."""
     inputs = [
         helper.make_tensor_value_info(
             "input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]
@@ -78,7 +76,11 @@ def interface(decoder: Decoder) -> tuple[list, list]:
             "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", decoder.vocabulary]
         )
     ]
-    for i in range(decoder.num_layers):
+    for i in decoder.cached_layers():
+        attention = decoder.blocks[i].attention
+        heads, head_dim = attention.kv_num_heads, attention.head_dim
+        cache = ["batch_size", heads, "past_sequence_length", head_dim]
+        present = ["batch_size", heads, "total_sequence_length", head_dim]
         for kind in ("key", "value"):
             inputs.append(
                 helper.make_tensor_value_info(
@@ -89,6 +91,38 @@ def interface(decoder: Decoder) -> tuple[list, list]:
                 helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, present)
             )
     return inputs, outputs
+
+
+def _per_layer_inputs(g: GraphBuilder, ids: str, x: str, ple: PerLayerInputs, layers: int):
+    """Gemma 4's per-layer inputs `(batch, sequence, num_layers, per_layer_width)`: one
+    norm over every layer's slice at once (see `PerLayerInputs`)."""
+    shape = g.constant([0, 0, layers, ple.width], np.int64)
+    embedded = g.node("Gather", [g.initializer("embed_tokens_per_layer", ple.embedding), ids])
+    embedded = g.node("Mul", [embedded, g.constant(ple.embedding_scale, np.float32)])
+    projected = g.node("MatMul", [x, g.initializer("per_layer_model_projection", ple.projection)])
+    projected = g.node("Mul", [projected, g.constant(ple.projection_scale, np.float32)])
+    projected = g.node("Reshape", [projected, shape])
+    normed = _norm(g, projected, ple.norm.scale, ple.norm.epsilon, "per_layer_projection_norm")
+    total = g.node("Add", [normed, g.node("Reshape", [embedded, shape])])
+    return g.node("Mul", [total, g.constant(ple.combine_scale, np.float32)])
+
+
+def _block_end(g, i: int, block, total: str, per_layer: str | None) -> str:
+    """The block's output from `total` (its MLP's residual sum): Gemma 4's per-layer
+    gate, then its `output_scale`."""
+    gate = block.per_layer_gate
+    if gate is not None:
+        # A one-element index (an initializer has at least one dimension), then squeezed.
+        layer_input = g.node("Gather", [per_layer, g.constant([i], np.int64)], axis=2)
+        layer_input = g.node("Squeeze", [layer_input, g.constant([2], np.int64)])
+        gated = g.node("MatMul", [total, g.initializer(f"layers.{i}.per_layer_gate", gate.gate)])
+        gated = g.node("Mul", [g.node("Gelu", [gated], approximate="tanh"), layer_input])
+        gated = g.node("MatMul", [gated, g.initializer(f"layers.{i}.per_layer_up", gate.up)])
+        gated = _norm(g, gated, gate.norm.scale, gate.norm.epsilon, f"layers.{i}.per_layer_norm")
+        total = g.node("Add", [total, gated])
+    if block.output_scale != 1.0:
+        total = g.node("Mul", [total, g.constant(block.output_scale, np.float32)])
+    return total
 
 
 def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
@@ -115,6 +149,9 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
     x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     if decoder.embedding_scale != 1.0:
         x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
+    per_layer = None
+    if decoder.per_layer_inputs is not None:
+        per_layer = _per_layer_inputs(g, ids, x, decoder.per_layer_inputs, decoder.num_layers)
     first = decoder.blocks[0].attention_norm
     hidden = _norm(g, x, first.scale, first.epsilon, "layers.0.input_layernorm")
     residual = x
@@ -135,11 +172,11 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
             norm, name = decoder.blocks[i + 1].attention_norm, f"layers.{i + 1}.input_layernorm"
         else:
             norm, name = decoder.final_norm, "norm"
-        if block.output_scale == 1.0:
+        if block.output_scale == 1.0 and block.per_layer_gate is None:
             hidden, residual = _skip_norm(g, mlp_out, residual, norm.scale, norm.epsilon, name)
-        else:  # Gemma 4's layer_scalar: the sum scaled before the next norm reads it
+        else:  # Gemma 4's per-layer gate and layer_scalar, before the next norm reads it
             total = g.node("Add", [mlp_out, residual])
-            residual = g.node("Mul", [total, g.constant(block.output_scale, np.float32)])
+            residual = _block_end(g, i, block, total, per_layer)
             hidden = _norm(g, residual, norm.scale, norm.epsilon, name)
     hidden = attend.finish(g, hidden)
     head = g.initializer("lm_head", decoder.head)

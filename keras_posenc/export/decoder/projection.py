@@ -63,3 +63,12 @@ def attention_inputs(g: GraphBuilder, i: int, hidden: str, attention: Attention)
     if a.value_norm is not None:
         value = _head_norm(g, value, a.value_norm, a.kv_num_heads, a.head_dim, f"{prefix}.v_norm")
     return [query, key, value]
+
+
+def query_input(g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
+    """A KV-sharing layer's query alone (its keys and values are another layer's)."""
+    a, prefix = attention, f"layers.{i}.attn"
+    query = _biased(g, hidden, a.query, a.query_bias, f"{prefix}.q_proj")
+    if a.query_norm is not None:
+        query = _head_norm(g, query, a.query_norm, a.num_heads, a.head_dim, f"{prefix}.q_norm")
+    return query

@@ -33,7 +33,7 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder, Rope
 from keras_posenc.export.decoder.graph import GraphBuilder
-from keras_posenc.export.decoder.projection import attention_inputs
+from keras_posenc.export.decoder.projection import attention_inputs, query_input
 
 STANDARD_OPSET = 23
 
@@ -49,12 +49,14 @@ class StandardAttention:
         i64 = np.int64
         # The cache's slots: the bound buffer's (onnxruntime-genai sizes it by the search's
         # max_length, which may be below the export's).
-        slots = g.node("Shape", ["past_key_values.0.key"], start=2, end=3)  # (1,)
+        first = self.decoder.cached_layers()[0]
+        slots = g.node("Shape", [f"past_key_values.{first}.key"], start=2, end=3)  # (1,)
         batch = g.node("Shape", [input_ids], start=0, end=1)  # (1,)
         length = g.node("Shape", [input_ids], start=1, end=2)
         total = g.node("Shape", [attention_mask], start=1, end=2)
         past = g.node("Sub", [total, length])  # (1,): the first slot written
-        self.write_indices = self._write_indices(g, batch, length, past)
+        self._indices = {}  # kv_heads -> ScatterND's write indices, one per head count
+        self._write = lambda kv_heads: self._write_indices(g, batch, length, past, kv_heads)
         # Positions: the count of 1s before each new token (padding: 0).
         counts = g.node("CumSum", [attention_mask, g.constant(1, i64)])
         new_counts = g.node(
@@ -94,27 +96,27 @@ class StandardAttention:
         causal = g.node("LessOrEqual", [columns, own])  # (S, slots)
         self.visible = g.node("And", [real, causal])
         self.own = g.node("Equal", [columns, own])
-        self._masks = {}  # window (None: none) -> the boolean mask of `Attention`
+        self._masks = {}  # (window (None: none), groups) -> the boolean mask of `Attention`
+        self._caches = {}  # layer -> its (key, value) caches after this call's write
         self._tables = {}  # id(Rope) -> (cos, sin) initializers, one pair per distinct table
         return input_ids
 
-    def _mask(self, g: GraphBuilder, window: int | None) -> str:
+    def _mask(self, g: GraphBuilder, window: int | None, groups: int) -> str:
         """`Attention`'s mask `(B, 1, groups * S, slots)` for a layer with `window`."""
-        if window not in self._masks:
+        if (window, groups) not in self._masks:
             visible = self.visible
             if window is not None:  # key position > query position - window
                 lowest = g.node("Sub", [self.query_counts, g.constant(window, np.int64)])
                 near = g.node("Greater", [self.key_counts, lowest])
                 visible = g.node("And", [visible, near])
             visible = g.node("Or", [visible, self.own])
-            groups = self.decoder.attention.num_heads // self.decoder.attention.kv_num_heads
             repeats = g.constant([1, 1, groups, 1], np.int64)
-            self._masks[window] = g.node("Tile", [visible, repeats])
-        return self._masks[window]
+            self._masks[window, groups] = g.node("Tile", [visible, repeats])
+        return self._masks[window, groups]
 
-    def _write_indices(self, g: GraphBuilder, batch: str, length: str, past: str) -> str:
+    def _write_indices(self, g: GraphBuilder, batch, length, past, kv_heads: int) -> str:
         """ScatterND's `(B, kv_heads, S, 3)` indices: `(row, head, past + j)`."""
-        i64, kv_heads = np.int64, self.decoder.attention.kv_num_heads
+        i64 = np.int64
         shape = g.node(
             "Concat", [batch, g.constant([kv_heads], i64), length, g.constant([1], i64)], axis=0
         )
@@ -135,9 +137,9 @@ class StandardAttention:
     def finish(self, g: GraphBuilder, hidden: str) -> str:
         return hidden
 
-    def _heads(self, g: GraphBuilder, x: str, heads: int) -> str:
+    def _heads(self, g: GraphBuilder, x: str, heads: int, head_dim: int) -> str:
         """`(B, S, heads * dim)` -> `(B, heads, S, dim)`."""
-        shape = g.constant([0, 0, heads, self.decoder.attention.head_dim], np.int64)
+        shape = g.constant([0, 0, heads, head_dim], np.int64)
         return g.node("Transpose", [g.node("Reshape", [x, shape])], perm=[0, 2, 1, 3])
 
     def _rotate(self, g: GraphBuilder, x: str, heads: int, rope: Rope) -> str:
@@ -154,35 +156,49 @@ class StandardAttention:
             num_heads=heads,  # onnxruntime 1.23 wants it with rotary_embedding_dim
         )
 
-    def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
-        """One layer's attention output; writes `present.{i}.key|value`."""
-        q, k, v = attention_inputs(g, i, hidden, attention)
+    def _new_caches(self, g: GraphBuilder, i: int, hidden: str, attention: Attention):
+        """`(query, key cache, value cache)`: the layer's keys and values written into
+        `present.{i}.key|value`, or a KV-sharing layer's source's caches."""
+        a, head_dim = attention, attention.head_dim
+        rope = None if a.no_rope else (a.rope or self.decoder.rope)  # NoPE: not rotated
+        if a.kv_source is not None:
+            q = self._heads(g, query_input(g, i, hidden, a), a.num_heads, head_dim)
+            q = q if rope is None else self._rotate(g, q, a.num_heads, rope)
+            return (q, *self._caches[a.kv_source])
+        q, k, v = attention_inputs(g, i, hidden, a)
         if not k:  # the packed [query | key | value]
-            kv_width = attention.kv_num_heads * attention.head_dim
-            widths = [attention.num_heads * attention.head_dim, kv_width, kv_width]
+            kv_width = a.kv_num_heads * head_dim
+            widths = [a.num_heads * head_dim, kv_width, kv_width]
             q, k, v = g.node("Split", [q, g.constant(widths, np.int64)], 3, axis=-1)
-        q = self._heads(g, q, attention.num_heads)
-        k = self._heads(g, k, attention.kv_num_heads)
-        if not attention.no_rope:  # a NoPE layer's q and k are not rotated
-            rope = attention.rope or self.decoder.rope
-            q = self._rotate(g, q, attention.num_heads, rope)
-            k = self._rotate(g, k, attention.kv_num_heads, rope)
-        v = self._heads(g, v, attention.kv_num_heads)
-        caches = [
+        q = self._heads(g, q, a.num_heads, head_dim)
+        k = self._heads(g, k, a.kv_num_heads, head_dim)
+        if rope is not None:
+            q = self._rotate(g, q, a.num_heads, rope)
+            k = self._rotate(g, k, a.kv_num_heads, rope)
+        v = self._heads(g, v, a.kv_num_heads, head_dim)
+        if a.kv_num_heads not in self._indices:
+            self._indices[a.kv_num_heads] = self._write(a.kv_num_heads)
+        self._caches[i] = [
             g.node(
                 "ScatterND",
-                [f"past_key_values.{i}.{kind}", self.write_indices, new],
+                [f"past_key_values.{i}.{kind}", self._indices[a.kv_num_heads], new],
                 [f"present.{i}.{kind}"],
             )
             for kind, new in (("key", k), ("value", v))
         ]
+        return (q, *self._caches[i])
+
+    def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
+        """One layer's attention output; writes `present.{i}.key|value` (a KV-sharing
+        layer: none; it reads its source's)."""
+        q, key_cache, value_cache = self._new_caches(g, i, hidden, attention)
         # (B, heads, S, dim) -> (B, kv_heads, groups * S, dim): head h is kv head h // groups.
-        head_dim = attention.head_dim
+        head_dim, groups = attention.head_dim, attention.num_heads // attention.kv_num_heads
         grouped = g.constant([0, attention.kv_num_heads, -1, head_dim], np.int64)
         q = g.node("Reshape", [q, grouped])
         output = g.node(
             "Attention",
-            [q, *caches, self._mask(g, attention.window)],
+            [q, key_cache, value_cache, self._mask(g, attention.window, groups)],
             scale=attention.scale,
             softcap=attention.softcap,
         )
