@@ -14,6 +14,10 @@ A right-padded prompt (what onnxruntime-genai itself feeds) and a decode step ha
 `pad = 0` and are left as they are. A row's cache then holds its
 tokens from slot 0, and a token's position is the count of 1s before it in its row of
 the mask, as the interface defines.
+
+Per-layer head sizes and K/V head counts (Gemma 4's global layers): each node its own
+`kv_num_heads` and cos/sin caches (node inputs, any width the kernel allows). A KV-sharing
+layer: see `GqaAttention._shared`.
 """
 
 from __future__ import annotations

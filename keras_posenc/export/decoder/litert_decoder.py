@@ -8,7 +8,9 @@ padding, as litert-torch's additive mask) and per layer `kv_cache_k_{i}` /
 `kv_cache_v_{i}` float32 `(batch, num_key_value_heads, max_length, head_dim)`; they
 return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}` /
 `kv_cache_v_{i}` (litert-torch's names; the cache is fixed-size and written with one
-`DYNAMIC_UPDATE_SLICE` per tensor, so a runtime can keep one buffer per tensor).
+`DYNAMIC_UPDATE_SLICE` per tensor, so a runtime can keep one buffer per tensor). Each
+layer's cache has its own head count and size; a KV-sharing layer (Gemma 4) has no cache
+tensors and reads its source layer's, as written in the same call.
 
 Every part a `Decoder` may have is written (keras_hub's families: q/k/v biases, per-head
 q/k/v norms, NoPE layers, sliding windows, soft caps, per-layer RoPE tables, post norms,

@@ -4,7 +4,10 @@ Inputs `input_ids` int64 `(batch, sequence)`, `attention_mask` int64 `(batch,
 total_sequence_length)`, `past_key_values.{i}.key|value` float32 `(batch,
 num_key_value_heads, max_length, head_dim)`; outputs `logits` `(batch, sequence,
 vocabulary)` and `present.{i}.key|value` of the past's shape, so that one buffer per layer
-can be bound as both (genai's past_present_share_buffer). No converter in between: the
+can be bound as both (genai's past_present_share_buffer). Each layer's cache has its own
+head count and size (Gemma 4's global layers), and a KV-sharing layer has none (genai finds
+the cached layers by their input names). Gemma 4's per-layer embeddings are computed from
+`input_ids` inside the graph. No converter in between: the
 graph is what the genai model builder writes for a Llama-style model, node for node
 (`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
 the residual adds, MatMuls, the attention of `attention=`). With `attention="standard"`

@@ -24,7 +24,9 @@ keras_hub's parts: the q/k/v biases and per-head norms as `projection.py` writes
 (then `Split` only for the packed form), soft caps as `Attention`'s `softcap`, one
 cos/sin pair per distinct table (Gemma 3's local and global layers), and a sliding
 window as one more mask per window: slot `s` within `window` tokens of the query, a
-key's position the count of 1s of the mask up to its slot, less one.
+key's position the count of 1s of the mask up to its slot, less one. Per-layer head sizes
+(Gemma 4): one write index per K/V head count, one mask per (window, group size); a
+KV-sharing layer attends to its source's written caches and writes none.
 """
 
 from __future__ import annotations
