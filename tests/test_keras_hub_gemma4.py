@@ -196,3 +196,18 @@ def test_kv_sources_follow_keras_hubs_rule():
 def test_refusals(options, message):
     with pytest.raises(ExportError, match=message):
         describe_causal_lm(tiny_causal_lm_2026("gemma4", **options), MAX_LENGTH)
+
+
+def test_gqa_refuses_a_shared_layer_of_other_tables():
+    """GroupQueryAttention rotates the shared keys again, by the sharing layer's tables:
+    a layer whose tables are not its source's is refused there (the other files read the
+    source's cache as written)."""
+    decoder = describe_causal_lm(_models()[0], MAX_LENGTH)
+    rope = decoder.rope
+    other = dataclasses.replace(rope, sin=-rope.sin)  # layer 2's source, layer 0, has `rope`
+    block = decoder.blocks[2]
+    block = dataclasses.replace(block, attention=dataclasses.replace(block.attention, rope=other))
+    broken = _changed(decoder, blocks=(*decoder.blocks[:2], block, decoder.blocks[3]))
+    with pytest.raises(ExportError, match="shares the keys and values of layer 0, whose RoPE"):
+        decoder_onnx(broken)
+    decoder_onnx(broken, "standard")  # written: it reads the source's cache

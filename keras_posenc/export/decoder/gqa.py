@@ -156,6 +156,20 @@ class GqaAttention:
                 f"Layer {i} shares the keys and values of layer {source}, which has no "
                 "separate key and value projections (q/k/v packed): not exported."
             )
+        theirs = self.decoder.blocks[source].attention
+        ours_rope, their_rope = (a.rope or self.decoder.rope for a in (attention, theirs))
+        if attention.no_rope != theirs.no_rope or not (
+            attention.no_rope
+            or (
+                np.array_equal(ours_rope.cos, their_rope.cos)
+                and np.array_equal(ours_rope.sin, their_rope.sin)
+            )
+        ):  # the new keys are rotated again, by this layer's tables: they must be the same
+            raise ExportError(
+                f"Layer {i} shares the keys and values of layer {source}, whose RoPE differs: "
+                "GroupQueryAttention would rotate the shared keys by this layer's tables. Use "
+                "attention='standard' or formats=('litert',)."
+            )
         query = query_input(g, i, hidden, attention)
         caches = [f"present.{source}.key", f"present.{source}.value"]
         presents = [g.name(f"layers.{i}.shared_key"), g.name(f"layers.{i}.shared_value")]
