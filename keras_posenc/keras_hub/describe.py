@@ -23,6 +23,7 @@ from keras_posenc.keras_hub import rope as rope_tables
 from keras_posenc.keras_hub.common import array as _array
 from keras_posenc.keras_hub.common import rms_norm as _norm
 from keras_posenc.keras_hub.gemma import gemma_block
+from keras_posenc.keras_hub.gpt_oss import gpt_oss_block
 
 # keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
 ALIASES = {"Qwen2CausalLM": "QwenCausalLM"}
@@ -238,5 +239,6 @@ FAMILIES = {
     "Phi3CausalLM": functools.partial(_llama_block, lambda attention: None, names=_PHI3_NAMES),
     "GemmaCausalLM": gemma_block,
     "Gemma3CausalLM": gemma_block,
+    "GptOssCausalLM": gpt_oss_block,
 }
 SCALED = (gemma_block,)  # families whose embedded tokens are scaled by sqrt(width)
