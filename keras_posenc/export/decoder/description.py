@@ -71,6 +71,10 @@ class Attention:
         None  # this layer's own tables (Gemma 3's local/global); None: the decoder's
     )
     no_rope: bool = False  # a NoPE layer (SmolLM3's every fourth): q and k not rotated
+    output_bias: np.ndarray | None = None  # (width,), added after the output kernel
+    # Per-head learned logits (GPT-OSS's sinks): each head's softmax runs over its scores
+    # and one more logit `sinks[h]`, whose weight is then dropped (it attends to nothing).
+    sinks: np.ndarray | None = None  # (num_heads,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,33 @@ class Mlp:
 
 
 @dataclasses.dataclass(frozen=True)
+class Moe:
+    """A mixture of experts (GPT-OSS's): `router = x @ router + router_bias`; the
+    `top_k` largest router logits, softmaxed over those `top_k`, weigh their experts
+    (the others weigh 0); expert `e` computes `g = clip(x @ gate[e] + gate_bias[e],
+    -1e9, limit)`, `u = clip(x @ up[e] + up_bias[e], -limit, limit)` and
+    `((u + 1) * g * sigmoid(alpha * g)) @ down[e] + down_bias[e]`."""
+
+    router: np.ndarray  # (width, experts)
+    router_bias: np.ndarray  # (experts,)
+    top_k: int
+    gate: np.ndarray  # (experts, width, intermediate)
+    gate_bias: np.ndarray  # (experts, intermediate)
+    up: np.ndarray  # (experts, width, intermediate)
+    up_bias: np.ndarray  # (experts, intermediate)
+    down: np.ndarray  # (experts, intermediate, width)
+    down_bias: np.ndarray  # (experts, width)
+    alpha: float
+    limit: float
+
+    kind = "moe"
+
+    @property
+    def experts(self) -> int:
+        return self.router.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
 class Block:
     """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP,
     then times `output_scale`; the post norms (Gemma 2, 3 and 4) and the scale (Gemma 4's
@@ -93,7 +124,7 @@ class Block:
     attention_norm: Norm
     attention: Attention
     mlp_norm: Norm
-    mlp: Mlp
+    mlp: Mlp | Moe
     post_attention_norm: Norm | None = None
     post_mlp_norm: Norm | None = None
     output_scale: float = 1.0  # the block's output (residual included) times this (Gemma 4)
@@ -142,6 +173,8 @@ def optional_parts(decoder: Decoder) -> list[str]:
             a.query_bias is not None or a.key_bias is not None or a.value_bias is not None
             for a in attentions
         ),
+        "attention output biases": any(a.output_bias is not None for a in attentions),
+        "attention sinks": any(a.sinks is not None for a in attentions),
         "per-head q/k norms": any(
             a.query_norm is not None or a.key_norm is not None for a in attentions
         ),
@@ -155,6 +188,7 @@ def optional_parts(decoder: Decoder) -> list[str]:
         ),
         "GeGLU MLPs": any(b.mlp.kind == "geglu" for b in blocks),
         "block output scales": any(b.output_scale != 1.0 for b in blocks),
+        "mixture-of-experts MLPs": any(isinstance(b.mlp, Moe) for b in blocks),
         "an embedding scale": decoder.embedding_scale != 1.0,
         "a final logit soft cap": bool(decoder.final_softcap),
     }

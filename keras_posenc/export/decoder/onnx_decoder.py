@@ -18,9 +18,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from keras_posenc.export.decoder.description import Decoder, Mlp
+from keras_posenc.export.decoder.description import Decoder, Mlp, Moe
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.moe import moe_onnx
 from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
 
 GQA_OPSET = 21
@@ -46,7 +47,9 @@ def _skip_norm(g, x: str, residual: str, scale, epsilon: float, name: str) -> tu
     return normed, total
 
 
-def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
+def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp | Moe) -> str:
+    if isinstance(mlp, Moe):
+        return moe_onnx(g, i, hidden, mlp)
     up = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.up_proj", mlp.up)])
     if mlp.kind == "swiglu":
         gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])

@@ -63,3 +63,15 @@ def attention_inputs(g: GraphBuilder, i: int, hidden: str, attention: Attention)
     if a.value_norm is not None:
         value = _head_norm(g, value, a.value_norm, a.kv_num_heads, a.head_dim, f"{prefix}.v_norm")
     return [query, key, value]
+
+
+def attention_output(g: GraphBuilder, i: int, heads: str, attention: Attention) -> str:
+    """The output projection of the attended heads `(batch, sequence, heads * head_dim)`,
+    with its bias (GPT-OSS) where it has one."""
+    kernel = g.initializer(f"layers.{i}.attn.o_proj", attention.output)
+    out = g.node("MatMul", [heads, kernel])
+    if attention.output_bias is None:
+        return out
+    return g.node(
+        "Add", [out, g.initializer(f"layers.{i}.attn.o_proj.bias", attention.output_bias)]
+    )

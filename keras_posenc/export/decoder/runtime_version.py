@@ -5,7 +5,9 @@ onnxruntime 1.32 passes: GroupQueryAttention's `local_window_size` and `softcap`
 Mistral, Gemma 2 and Gemma 3: other tokens from step 9 on, logits 0.5-1.4 off) and the
 `softcap` of ONNX's own `Attention` (Gemma 2's standard-op graph). Versions between the two
 are untested, so an export with these parts is refused below 1.32 instead of being written
-for a runtime that answers otherwise.
+for a runtime that answers otherwise. Attention sinks (GPT-OSS: GroupQueryAttention's
+`head_sink`, an additive float mask with an extra slot in ONNX's `Attention`) were added
+after that run and are verified with 1.32 alone, so they are refused below it too.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from keras_posenc.export.errors import ExportError
 VERIFIED_FROM = (1, 32)
 # The parts each attention graph writes with an attribute that older runtimes read otherwise.
 _ATTRIBUTE_PARTS = {
-    "gqa": ("sliding windows", "attention soft caps"),
-    "standard": ("attention soft caps",),
+    "gqa": ("sliding windows", "attention soft caps", "attention sinks"),
+    "standard": ("attention soft caps", "attention sinks"),
 }
 
 
