@@ -1,0 +1,150 @@
+"""Which rows serve a call on JAX and PyTorch: `keras_posenc.rows` for those backends.
+
+Each kind of table the layers hold (a host `PositionTable`, a learned variable, a switch
+by length, dynamic NTK rows, several axes) gives rows for a run (`run_rows`) or for
+explicit positions (`gathered_rows`); `make` turns computed `(sin, cos)` into the layer's
+rows (the cached rows are made already). `position_rows` checks the positions first, as
+`keras_posenc.positions.position_rows` does, and poisons the rows of traced bad ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import ops
+
+from keras_posenc import _keras_ops as kops
+from keras_posenc.axes import AxesRows
+from keras_posenc.frequencies import CACHED_POSITIONS, PositionTable
+from keras_posenc.rope_scaling import DynamicRows, SwitchByLength
+
+
+def position_rows(
+    table,
+    make,
+    length: int,
+    positions=None,
+    start_index=0,
+    *,
+    limit: int,
+    limit_hint: str,
+    mask=None,
+    batch=None,
+    axes: int = 1,
+    traced: bool = False,
+) -> tuple:
+    """The checked rows of `table` for a call (see `positions.position_rows`); `traced`:
+    the inputs are traced (`jax.jit`)."""
+    valid = True
+    if mask is not None and positions is None:
+        positions, valid = kops.positions_from_mask(mask, start_index, axes)
+        start_index = 0
+    if positions is not None:
+        if not (isinstance(start_index, (int, np.integer)) and start_index == 0):
+            raise ValueError(
+                "Pass either `positions` or `start_index`, not both: "
+                "start_index=s means positions=range(s, s + sequence_length)."
+            )
+        positions, checked = kops.checked_positions(
+            positions, length, batch, axes, limit, limit_hint
+        )
+        return kops.nan_unless(gathered_rows(table, make, positions), kops.both(valid, checked))
+    start, valid = kops.checked_run(start_index, length, limit, limit_hint)
+    return kops.nan_unless(run_rows(table, make, start, length, traced), valid)
+
+
+def run_rows(table, make, start, length: int, traced: bool = False) -> tuple:
+    """Rows of positions `start .. start + length - 1` (`start` an int or a traced int32);
+    `traced`: the call is being traced (`jax.jit`), which embeds static rows as constants."""
+    if isinstance(table, SwitchByLength):
+        return _switched(
+            table, start + length, lambda t: run_rows(t, make, start, length, traced)
+        )
+    if isinstance(table, (DynamicRows, AxesRows)):
+        run = ops.arange(length, dtype="int32") + start
+        if isinstance(table, AxesRows):
+            run = ops.stack([run] * table.axes, -1)
+        return gathered_rows(table, make, run)
+    if isinstance(table, PositionTable):
+        return _host_run(table, make, start, length, traced)
+    return _variable_run(ops.convert_to_tensor(table.ready[0]), start, length)
+
+
+def gathered_rows(table, make, positions) -> tuple:
+    """Rows for int32 `positions` of any shape, each in the table's range."""
+    if isinstance(table, SwitchByLength):
+        total = ops.max(positions) + 1
+        return _switched(table, total, lambda t: gathered_rows(t, make, positions))
+    if isinstance(table, DynamicRows):
+        turns = kops.dynamic_turns(
+            ops.max(positions) + 1, table.omega, table.factor, table.max_position_embeddings
+        )
+        return tuple(make(*kops.exact_sin_cos(positions, turns)))
+    if isinstance(table, AxesRows):
+        return tuple(make(*_axes_sin_cos(table.sin_cos.__self__, positions)))
+    if isinstance(table, PositionTable):
+        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
+    return (ops.take(ops.convert_to_tensor(table.ready[0]), positions, axis=0),)
+
+
+def _switched(table: SwitchByLength, total_length, rows) -> tuple:
+    total = kops.known(total_length)
+    if total is not None:
+        return rows(table.long if int(total) > table.switch_length else table.short)
+    return ops.cond(
+        total_length > table.switch_length, lambda: rows(table.long), lambda: rows(table.short)
+    )
+
+
+def _axes_sin_cos(pairs, positions):
+    """`AxisPairs.sin_cos` here: each axis's split tables, pairs put back in order."""
+    parts = [
+        kops.split_sin_cos(frequencies, positions[..., a])
+        for a, frequencies in enumerate(pairs.tables)
+    ]
+    sin = ops.concatenate([p[0] for p in parts], -1)
+    cos = ops.concatenate([p[1] for p in parts], -1)
+    if pairs.order is not None:
+        order = pairs.order.astype(np.int32)
+        sin, cos = ops.take(sin, order, axis=-1), ops.take(cos, order, axis=-1)
+    return sin, cos
+
+
+def _host_run(table: PositionTable, make, start, length: int, traced: bool) -> tuple:
+    """A run of a host table: cached rows, computed rows, or a choice between them."""
+    cached = table.cached
+    if isinstance(start, int):
+        if start + length <= CACHED_POSITIONS:
+            return tuple(ops.convert_to_tensor(rows[start : start + length]) for rows in cached)
+        if traced:
+            # Static while traced: the exact host rows, a constant of just those rows (as
+            # TensorFlow embeds them in a graph).
+            host = table._host_rows(np.arange(start, start + length))
+            return tuple(ops.convert_to_tensor(rows) for rows in host)
+        positions = ops.arange(start, start + length, dtype="int32")
+        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
+
+    def computed():
+        positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
+        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
+
+    if length > CACHED_POSITIONS:
+        return computed()
+    size = CACHED_POSITIONS
+
+    def sliced():
+        first = ops.clip(start, 0, size - length)
+        return tuple(ops.slice(rows, (first, 0), (length, rows.shape[1])) for rows in cached)
+
+    return ops.cond((start >= 0) & (start <= size - length), sliced, computed)
+
+
+def _variable_run(table, start, length: int) -> tuple:
+    """A run of a learned table: no rows past it, so a bad traced run takes clamped rows."""
+    size, width = table.shape
+    if isinstance(start, int):
+        return (ops.slice(table, (start, 0), (length, width)),)
+    if length > size:
+        steps = ops.clip(ops.arange(length, dtype="int32") + start, 0, size - 1)
+        return (ops.take(table, steps, axis=0),)
+    first = ops.clip(start, 0, size - length)
+    return (ops.slice(table, (first, 0), (length, width)),)
