@@ -23,7 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc.frequencies import CACHED_POSITIONS, PositionTable
+from keras_posenc.frequencies import CACHED_POSITIONS
 from keras_posenc.positions import _run_message
 
 _TURN = 2**31  # one turn, as in `frequencies.exact_sin_cos`
@@ -67,7 +67,7 @@ def known(value):
 
 
 def is_traced(x) -> bool:
-    """Whether `x` is a value being traced (`jax.jit`, or torch's meta tensors), not one known now."""
+    """Whether `x` is traced (`jax.jit`, torch's meta tensors), not a value known now."""
     if isinstance(x, keras.KerasTensor):
         return True
     backend = keras.backend.backend()

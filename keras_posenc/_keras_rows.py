@@ -56,9 +56,7 @@ def run_rows(table, make, start, length: int, traced: bool = False) -> tuple:
     """Rows of positions `start .. start + length - 1` (`start` an int or a traced int32);
     `traced`: the call is being traced (`jax.jit`), which embeds static rows as constants."""
     if isinstance(table, SwitchByLength):
-        return _switched(
-            table, start + length, lambda t: run_rows(t, make, start, length, traced)
-        )
+        return _switched(table, start + length, lambda t: run_rows(t, make, start, length, traced))
     if isinstance(table, (DynamicRows, AxesRows)):
         run = ops.arange(length, dtype="int32") + start
         if isinstance(table, AxesRows):

@@ -6,12 +6,11 @@ import keras
 import numpy as np
 
 from keras_posenc import _keras_layers, _tf
-from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
+from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rows import TableRows
 from keras_posenc.sinusoidal import SinusoidalInitializer
-
 
 _LIMIT_HINT = (
     "build the layer with a larger max_length, or call "

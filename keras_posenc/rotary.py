@@ -18,7 +18,6 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import _keras_layers, _tf
-from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc._checks import (
     checked_axis,
     checked_bool,
@@ -28,6 +27,7 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_max_wavelength,
 )
+from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
