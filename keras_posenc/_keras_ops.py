@@ -316,8 +316,8 @@ def dynamic_turns(total_length, omega: np.ndarray, factor: float, max_positions:
     exponents = (np.arange(0, dim, 2, dtype=np.float64) / (dim - 2)).astype(np.float32)
     length = ops.maximum(ops.cast(total_length, "float32"), float(max_positions))
     growth = factor * length / float(max_positions) - (factor - 1.0)
-    correction = ops.exp(-exponents * ops.log(growth))
-    return (omega / (2 * math.pi)).astype(np.float32) * correction
+    correction = ops.exp(ops.convert_to_tensor(-exponents) * ops.log(growth))
+    return ops.convert_to_tensor((omega / (2 * math.pi)).astype(np.float32)) * correction
 
 
 # --------------------------------------------------------------------------------------
