@@ -140,9 +140,10 @@ def _sinusoidal_expected(arguments, x, positions):
 
 def _within(actual, want, bound, what: str):
     error = np.abs(np.asarray(actual, np.float64) - want)
+    bound = np.broadcast_to(bound, error.shape)
     worst = np.unravel_index(np.argmax(error - bound), error.shape)
     assert np.all(error <= bound), (
-        f"{what}: error {error[worst]:.3g} above the bound {np.broadcast_to(bound, error.shape)[worst]:.3g} at {worst}"
+        f"{what}: error {error[worst]:.3g} above the bound {bound[worst]:.3g} at {worst}"
     )
 
 
