@@ -8,8 +8,8 @@ and the exports need TensorFlow.
 
 BACKENDS = ("tensorflow", "jax", "torch")
 _BACKEND_HINT = (
-    "Set the environment variable KERAS_BACKEND to one of tensorflow, jax or torch before "
-    "Python starts (or before the first `import keras`)."
+    "Set the environment variable KERAS_BACKEND=tensorflow (or jax, or torch) before Python "
+    "starts (or before the first `import keras`)."
 )
 
 try:
