@@ -72,14 +72,22 @@ def is_traced(x) -> bool:
         return True
     backend = keras.backend.backend()
     if backend == "jax":
-        import jax
-
-        return isinstance(x, jax.core.Tracer)
+        return isinstance(x, _jax_tracer())
     if backend == "torch":
         import torch
 
         return isinstance(x, torch.Tensor) and x.device.type == "meta"
     return False
+
+
+def _jax_tracer() -> type:
+    import jax
+
+    # Public as jax.core.Tracer in jax 0.10; kept reachable should a release move it.
+    tracer = getattr(jax.core, "Tracer", None)
+    if tracer is None:
+        from jax._src.core import Tracer as tracer
+    return tracer
 
 
 def check(predicate, values: list, message, error=ValueError):

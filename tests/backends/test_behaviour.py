@@ -129,3 +129,17 @@ def test_trains_in_a_model():
 def test_attention_layers_name_the_backend(layer):
     with pytest.raises(NotImplementedError, match=f"TensorFlow backend only.*'{BACKEND}'"):
         getattr(kp, layer)(num_heads=2, key_dim=8)
+
+
+def test_saved_and_loaded_as_keras_file(tmp_path):
+    inputs = keras.Input((12, 16))
+    x = kp.LearnedPositionalEmbedding(12)(kp.SinusoidalPositionalEncoding()(inputs))
+    x = keras.layers.Reshape((12, 2, 8))(x)
+    outputs = kp.RotaryEmbedding(scaling={"rope_type": "linear", "factor": 2.0})(x)
+    model = keras.Model(inputs, outputs)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(X)), keras.ops.convert_to_numpy(model(X))
+    )
