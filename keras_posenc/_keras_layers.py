@@ -37,7 +37,7 @@ def sinusoidal_call(layer, inputs, positions, start_index):
             f"or (batch, sequence, {layer.axes}), one coordinate per axis; for a patch grid "
             "use positions=keras_posenc.grid_positions(height, width)."
         )
-    (encoding,) = position_rows(
+    return position_rows(
         layer._table,
         _sinusoidal_make(layer.layout, layer.axes),
         inputs.shape[1],
@@ -48,14 +48,14 @@ def sinusoidal_call(layer, inputs, positions, start_index):
         batch=inputs.shape[0],
         axes=layer.axes,
         traced=kops.is_traced(inputs),
+        combine=lambda encoding: kops.add_rounded_once(inputs, encoding),
     )
-    return kops.add_rounded_once(inputs, encoding)
 
 
 def learned_call(layer, table, inputs, positions, start_index, limit_hint: str):
     """`LearnedPositionalEmbedding.call` on this backend (`table`: its `_VariableRows`)."""
     kops.checked_input(layer, inputs, 3, {-1: layer.embeddings.shape[1]})
-    (embedding,) = position_rows(
+    return position_rows(
         table,
         None,
         inputs.shape[1],
@@ -65,8 +65,8 @@ def learned_call(layer, table, inputs, positions, start_index, limit_hint: str):
         limit_hint=limit_hint,
         batch=inputs.shape[0],
         traced=kops.is_traced(inputs),
+        combine=lambda embedding: kops.add_rounded_once(inputs, embedding),
     )
-    return kops.add_rounded_once(inputs, embedding)
 
 
 def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
@@ -80,7 +80,11 @@ def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
             "positions=keras_posenc.grid_positions(height, width)."
         )
     first = tensors[0]
-    cos_table, sin_table = position_rows(
+
+    def rotate(cos_table, sin_table):
+        return tuple(_rotate(layer, x, cos_table, sin_table) for x in tensors)
+
+    return position_rows(
         layer._table,
         lambda sin, cos: kops.channel_tables(layer.layout, sin, cos),
         first.shape[layer._sequence_axis],
@@ -92,8 +96,8 @@ def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
         batch=first.shape[0],
         axes=layer._axes,
         traced=kops.is_traced(first),
+        combine=rotate,
     )
-    return tuple(_rotate(layer, x, cos_table, sin_table) for x in tensors)
 
 
 def _rotate(layer, inputs, cos_table, sin_table):

@@ -18,6 +18,11 @@ from keras_posenc.frequencies import CACHED_POSITIONS, PositionTable
 from keras_posenc.rope_scaling import DynamicRows, SwitchByLength
 
 
+def as_rows(*rows) -> tuple:
+    """The rows themselves: the default `combine`."""
+    return rows
+
+
 def position_rows(
     table,
     make,
@@ -31,9 +36,12 @@ def position_rows(
     batch=None,
     axes: int = 1,
     traced: bool = False,
-) -> tuple:
-    """The checked rows of `table` for a call (see `positions.position_rows`); `traced`:
-    the inputs are traced (`jax.jit`)."""
+    combine=as_rows,
+):
+    """`combine(*rows)` with the checked rows of `table` for a call (see
+    `positions.position_rows`); `traced`: the inputs are traced (`jax.jit`). Where the rows
+    are chosen at run time, `combine` runs inside each branch, so that XLA fuses the row
+    lookup into it instead of writing the rows out (as `_tf.choose_at_run_time`)."""
     valid = True
     if mask is not None and positions is None:
         positions, valid = kops.positions_from_mask(mask, start_index, axes)
@@ -47,24 +55,30 @@ def position_rows(
         positions, checked = kops.checked_positions(
             positions, length, batch, axes, limit, limit_hint
         )
-        return kops.nan_unless(gathered_rows(table, make, positions), kops.both(valid, checked))
+        rows = gathered_rows(table, make, positions)
+        return combine(*kops.nan_unless(rows, kops.both(valid, checked)))
     start, valid = kops.checked_run(start_index, length, limit, limit_hint)
-    return kops.nan_unless(run_rows(table, make, start, length, traced), valid)
+    return run_rows(
+        table, make, start, length, traced, lambda rows: combine(*kops.nan_unless(rows, valid))
+    )
 
 
-def run_rows(table, make, start, length: int, traced: bool = False) -> tuple:
-    """Rows of positions `start .. start + length - 1` (`start` an int or a traced int32);
-    `traced`: the call is being traced (`jax.jit`), which embeds static rows as constants."""
+def run_rows(table, make, start, length: int, traced: bool = False, finish=tuple):
+    """`finish(rows)` of positions `start .. start + length - 1` (`start` an int or a traced
+    int32); `traced`: the call is being traced (`jax.jit`), which embeds static rows as
+    constants."""
     if isinstance(table, SwitchByLength):
-        return _switched(table, start + length, lambda t: run_rows(t, make, start, length, traced))
+        return _switched(
+            table, start + length, lambda t: run_rows(t, make, start, length, traced, finish)
+        )
     if isinstance(table, (DynamicRows, AxesRows)):
         run = ops.arange(length, dtype="int32") + start
         if isinstance(table, AxesRows):
             run = ops.stack([run] * table.axes, -1)
-        return gathered_rows(table, make, run)
+        return finish(gathered_rows(table, make, run))
     if isinstance(table, PositionTable):
-        return _host_run(table, make, start, length, traced)
-    return _variable_run(ops.convert_to_tensor(table.ready[0]), start, length)
+        return _host_run(table, make, start, length, traced, finish)
+    return finish(_variable_run(ops.convert_to_tensor(table.ready[0]), start, length))
 
 
 def gathered_rows(table, make, positions) -> tuple:
@@ -107,33 +121,39 @@ def _axes_sin_cos(pairs, positions):
     return sin, cos
 
 
-def _host_run(table: PositionTable, make, start, length: int, traced: bool) -> tuple:
-    """A run of a host table: cached rows, computed rows, or a choice between them."""
+def _host_run(table: PositionTable, make, start, length: int, traced: bool, finish):
+    """`finish` of a run of a host table: cached rows, computed rows, or a choice between
+    them (`finish` then runs inside each branch)."""
     cached = table.cached
     if isinstance(start, int):
         if start + length <= CACHED_POSITIONS:
-            return tuple(ops.convert_to_tensor(rows[start : start + length]) for rows in cached)
-        if traced:
+            rows = [rows[start : start + length] for rows in cached]
+        elif traced:
             # Static while traced: the exact host rows, a constant of just those rows (as
             # TensorFlow embeds them in a graph).
-            host = table._host_rows(np.arange(start, start + length))
-            return tuple(ops.convert_to_tensor(rows) for rows in host)
-        positions = ops.arange(start, start + length, dtype="int32")
-        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
+            rows = table._host_rows(np.arange(start, start + length))
+        else:
+            positions = ops.arange(start, start + length, dtype="int32")
+            return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
+        return finish(tuple(ops.convert_to_tensor(r) for r in rows))
 
     def computed():
         positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
         return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
 
     if length > CACHED_POSITIONS:
-        return computed()
+        return finish(computed())
     size = CACHED_POSITIONS
 
     def sliced():
         first = ops.clip(start, 0, size - length)
         return tuple(ops.slice(rows, (first, 0), (length, rows.shape[1])) for rows in cached)
 
-    return ops.cond((start >= 0) & (start <= size - length), sliced, computed)
+    return ops.cond(
+        (start >= 0) & (start <= size - length),
+        lambda: finish(sliced()),
+        lambda: finish(computed()),
+    )
 
 
 def _variable_run(table, start, length: int) -> tuple:
