@@ -84,7 +84,10 @@ def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
     def rotate(cos_table, sin_table):
         return tuple(_rotate(layer, x, cos_table, sin_table) for x in tensors)
 
-    return position_rows(
+    # A concat swap does not keep its speed fused into the branches of a run-time choice
+    # (as `_tf.rows_fuse_into_rotation`): the rows, far smaller than the input, come out.
+    fuse = not any(kops.swap_by_concat(x) for x in tensors)
+    rows = position_rows(
         layer._table,
         lambda sin, cos: kops.channel_tables(layer.layout, sin, cos),
         first.shape[layer._sequence_axis],
@@ -96,8 +99,9 @@ def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
         batch=first.shape[0],
         axes=layer._axes,
         traced=kops.is_traced(first),
-        combine=rotate,
+        **({"combine": rotate} if fuse else {}),
     )
+    return rows if fuse else rotate(*rows)
 
 
 def _rotate(layer, inputs, cos_table, sin_table):

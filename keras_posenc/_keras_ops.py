@@ -18,12 +18,13 @@ arrays (the shared float64 frequency table rounded once: `PositionTable.cached` 
 from __future__ import annotations
 
 import math
+import weakref
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc.frequencies import CACHED_POSITIONS
+from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
 from keras_posenc.positions import _run_message
 
 _TURN = 2**31  # one turn, as in `frequencies.exact_sin_cos`
@@ -288,6 +289,43 @@ def split_sin_cos(frequencies, positions):
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
+# Per frequency table, the host arrays `run_sin_cos` slices: the fine rows twice over (a
+# run's fine rows then never wrap) and the coarse rows with one more (the next coarse row
+# of the last one is never used, but must exist for a slice of two).
+_run_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def run_sin_cos(frequencies, start, length: int):
+    """`split_sin_cos` of the run `start .. start + length - 1` by slices, for a traced
+    `start` and `length <= CACHED_POSITIONS`: the same operands and arithmetic (so the
+    same values), without gathers, which XLA:CPU runs far slower than slices.
+
+    `start` is clamped into the tables; the caller poisons the rows of a bad run.
+    """
+    if frequencies not in _run_tables:
+        fine_sin, fine_cos, coarse_sin, coarse_cos = (t.array for t in frequencies._split_tables)
+        _run_tables[frequencies] = (
+            np.concatenate([fine_sin, fine_sin]),
+            np.concatenate([fine_cos, fine_cos]),
+            np.concatenate([coarse_sin, coarse_sin[-1:]]),
+            np.concatenate([coarse_cos, coarse_cos[-1:]]),
+        )
+    fine_sin, fine_cos, coarse_sin, coarse_cos = _run_tables[frequencies]
+    width = fine_sin.shape[1]
+    start = ops.clip(start, 0, MAX_POSITIONS - length)
+    coarse = start // CACHED_POSITIONS
+    fine = start - coarse * CACHED_POSITIONS
+    sin_b = ops.slice(fine_sin, (fine, 0), (length, width))
+    cos_b = ops.slice(fine_cos, (fine, 0), (length, width))
+    # Rows past the end of the fine rows take the next coarse row.
+    carried = ops.expand_dims(ops.arange(length, dtype="int32") >= CACHED_POSITIONS - fine, -1)
+    two_sin = ops.slice(coarse_sin, (coarse, 0), (2, width))
+    two_cos = ops.slice(coarse_cos, (coarse, 0), (2, width))
+    sin_a = ops.where(carried, two_sin[1:], two_sin[:1])
+    cos_a = ops.where(carried, two_cos[1:], two_cos[:1])
+    return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
+
+
 def _split_halves(x):
     scaled = x * 4097.0
     high = scaled - (scaled - x)
@@ -357,7 +395,8 @@ def channel_tables(layout: str, sin, cos) -> tuple:
 XLA_CPU_CONCAT_SWAP_BYTES = 8 * 2**20
 
 
-def _swap_by_concat(x) -> bool:
+def swap_by_concat(x) -> bool:
+    """Whether `swap_pairs` takes the concat form for `x` (JAX on CPU, small inputs)."""
     if keras.backend.backend() != "jax":
         return False
     import jax
@@ -368,13 +407,13 @@ def _swap_by_concat(x) -> bool:
 
 def swap_pairs(x, layout: str, axis: int):
     """Exchange the two channels of every pair along `axis`: a reshape and a flip, or
-    (`_swap_by_concat`) a concat of the two halves."""
+    (`swap_by_concat`) a concat of the two halves."""
     shape = tuple(x.shape)
     axis %= len(shape)
     half = shape[axis] // 2
     pair_shape, pair_axis = ([2, half], 0) if layout == "half" else ([half, 2], 1)
     paired = ops.reshape(x, shape[:axis] + tuple(pair_shape) + shape[axis + 1 :])
-    if _swap_by_concat(x):
+    if swap_by_concat(x):
         first, second = ops.split(paired, 2, axis=axis + pair_axis)
         swapped = ops.concatenate([second, first], axis=axis + pair_axis)
     else:

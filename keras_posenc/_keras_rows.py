@@ -17,6 +17,10 @@ from keras_posenc.axes import AxesRows
 from keras_posenc.frequencies import CACHED_POSITIONS, PositionTable
 from keras_posenc.rope_scaling import DynamicRows, SwitchByLength
 
+# Runs of at most this many row values take both sources and a `where` instead of a
+# conditional (`python -m benchmarks --backend jax`: the 1x16x64 cases, tensor start).
+SMALL_RUN_VALUES = 4096
+
 
 def as_rows(*rows) -> tuple:
     """The rows themselves: the default `combine`."""
@@ -137,23 +141,28 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
             return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
         return finish(tuple(ops.convert_to_tensor(r) for r in rows))
 
-    def computed():
-        positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
-        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
-
     if length > CACHED_POSITIONS:
-        return finish(computed())
+        positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
+        return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
     size = CACHED_POSITIONS
+
+    def computed():
+        return tuple(make(*kops.run_sin_cos(table.frequencies, start, length)))
 
     def sliced():
         first = ops.clip(start, 0, size - length)
         return tuple(ops.slice(rows, (first, 0), (length, rows.shape[1])) for rows in cached)
 
-    return ops.cond(
-        (start >= 0) & (start <= size - length),
-        lambda: finish(sliced()),
-        lambda: finish(computed()),
-    )
+    fits = (start >= 0) & (start <= size - length)
+    if length * sum(rows.shape[1] for rows in cached) <= SMALL_RUN_VALUES:
+        # Few rows: both sources (slices alone) cost less than a conditional under XLA.
+        chosen = zip(sliced(), computed(), strict=True)
+        return finish(tuple(ops.where(fits, a, b) for a, b in chosen))
+    # The computed rows must not fuse into `finish`: XLA would compute them again for every
+    # batch row and head. A conditional is a fusion boundary (as `_tf.choose_at_run_time`:
+    # XLA:CPU drops an optimization barrier before fusing), so they come out of one.
+    computed_once = lambda: ops.cond(start >= 0, computed, computed)  # noqa: E731
+    return ops.cond(fits, lambda: finish(sliced()), lambda: finish(computed_once()))
 
 
 def _variable_run(table, start, length: int) -> tuple:
