@@ -53,6 +53,22 @@ CASES = {
         (2, 12, 64),
         {"start_index": 4090},
     ),
+    # A run across a coarse row of the split tables, and the last positions of all.
+    "sinusoidal_coarse_boundary": (
+        "SinusoidalPositionalEncoding",
+        {},
+        (2, 12, 64),
+        {"start_index": 3 * 4096 - 5},
+    ),
+    "rotary_last_positions": ("RotaryEmbedding", {}, (2, 12, 2, 16), {"start_index": 2**24 - 12}),
+    # Runs of more row values than `_keras_rows.SMALL_RUN_VALUES`: a conditional under jit.
+    "sinusoidal_long_run": (
+        "SinusoidalPositionalEncoding",
+        {},
+        (1, 80, 64),
+        {"start_index": 4090},
+    ),
+    "rotary_long_run": ("RotaryEmbedding", {}, (1, 80, 1, 64), {"start_index": 2 * 4096 - 40}),
     "sinusoidal_positions": (
         "SinusoidalPositionalEncoding",
         {},

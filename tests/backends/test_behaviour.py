@@ -24,6 +24,8 @@ def _layers():
         "sinusoidal": (kp.SinusoidalPositionalEncoding(), X),
         "learned": (kp.LearnedPositionalEmbedding(40), X),
         "rotary": (kp.RotaryEmbedding(), Q),
+        # More row values than a `where` serves: a conditional under jit.
+        "rotary_long": (kp.RotaryEmbedding(), np.tile(Q, (1, 8, 1, 1))),
         "dynamic": (
             kp.RotaryEmbedding(
                 scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 32}
@@ -85,7 +87,7 @@ def test_bad_input_is_nan_under_jit(kind, argument, value):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="jax.jit")
-@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "rotary_long", "dynamic"])
 def test_jit_compiles_once_per_shape(kind):
     import jax
 
