@@ -9,6 +9,8 @@ rows (the cached rows are made already). `position_rows` checks the positions fi
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 from keras import ops
 
@@ -130,6 +132,9 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
     them (`finish` then runs inside each branch)."""
     cached = table.cached
     if isinstance(start, int):
+        if start + length <= CACHED_POSITIONS and not traced:
+            # Eagerly a slice of the table made a tensor once: no copy of the rows per call.
+            return finish(tuple(rows[start : start + length] for rows in _eager_rows(table)))
         if start + length <= CACHED_POSITIONS:
             rows = [rows[start : start + length] for rows in cached]
         elif traced:
@@ -163,6 +168,16 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
     # XLA:CPU drops an optimization barrier before fusing), so they come out of one.
     computed_once = lambda: ops.cond(start >= 0, computed, computed)  # noqa: E731
     return ops.cond(fits, lambda: finish(sliced()), lambda: finish(computed_once()))
+
+
+# The cached rows of each live host table as tensors of this backend, for eager calls.
+_eager_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _eager_rows(table: PositionTable) -> tuple:
+    if table not in _eager_tables:
+        _eager_tables[table] = tuple(ops.convert_to_tensor(rows) for rows in table.cached)
+    return _eager_tables[table]
 
 
 def _variable_run(table, start, length: int) -> tuple:
