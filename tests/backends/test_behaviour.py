@@ -145,3 +145,17 @@ def test_saved_and_loaded_as_keras_file(tmp_path):
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(loaded(X)), keras.ops.convert_to_numpy(model(X))
     )
+
+
+def test_sinusoidal_initializer_and_resize():
+    import reference
+
+    layer = kp.LearnedPositionalEmbedding(8, embeddings_initializer="sinusoidal")
+    zeros = np.zeros((1, 8, 16), np.float32)
+    table = keras.ops.convert_to_numpy(layer(zeros))[0]
+    np.testing.assert_allclose(table, reference.sinusoidal(np.arange(8), 16), rtol=0, atol=6e-8)
+    layer.resize(15)
+    resized = keras.ops.convert_to_numpy(layer(np.zeros((1, 15, 16), np.float32)))[0]
+    expected = reference.linear_resize(table, 15)
+    # Interpolated in float64 and rounded once to float32: half an ulp of values up to 1.
+    np.testing.assert_allclose(resized, expected, rtol=0, atol=6e-8)
