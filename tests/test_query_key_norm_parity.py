@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keras_posenc import RotaryGroupQueryAttention
-from keras_posenc import _tf
+from keras_posenc import RotaryGroupQueryAttention, _tf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
