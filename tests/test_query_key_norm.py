@@ -178,3 +178,23 @@ def test_attention_arguments_read_each_familys_norm(config, expected):
 def test_from_transformers_config_refuses_norms_it_lacks(config, message):
     with pytest.raises(ValueError, match=message):
         RotaryGroupQueryAttention.from_transformers_config({**SIZES, **config}, layer_index=0)
+
+
+def test_multi_head_attention_reads_and_computes_the_same_norms():
+    """`RotaryMultiHeadAttention` (equal head counts) gives what the grouped layer gives."""
+    config = {**SIZES, "model_type": "olmo2", "num_key_value_heads": 4, "rms_norm_eps": 0.05}
+    grouped = RotaryGroupQueryAttention.from_transformers_config(config, layer_index=0)
+    multi = RotaryMultiHeadAttention.from_transformers_config(config, layer_index=0)
+    assert multi.get_config()["query_key_norm"] == "rms_across_heads"
+    assert multi.get_config()["query_key_norm_epsilon"] == 0.05
+    x = _RNG.normal(size=(2, 5, 64)).astype(np.float32)
+    grouped(x, x)
+    multi(x, x)
+    _scaled(grouped)
+    multi.set_weights(grouped.get_weights())  # same shapes, same order
+    np.testing.assert_allclose(
+        np.asarray(multi(x, x, use_causal_mask=True)),
+        np.asarray(grouped(x, x, use_causal_mask=True)),
+        rtol=0,
+        atol=1e-6,
+    )
