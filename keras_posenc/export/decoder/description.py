@@ -57,7 +57,7 @@ class Attention:
     key: np.ndarray  # (width, kv_num_heads * head_dim)
     value: np.ndarray  # (width, kv_num_heads * head_dim)
     output: np.ndarray  # (num_heads * head_dim, width)
-    # Optional parts (keras_hub's families; the package's own blocks have none of them).
+    # Optional parts (keras_hub's families; the package's own blocks: the q/k norms alone).
     query_bias: np.ndarray | None = None  # (num_heads * head_dim,), added before RoPE
     key_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
     value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
@@ -163,9 +163,9 @@ class Decoder:
 
 
 def optional_parts(decoder: Decoder) -> list[str]:
-    """The optional parts `decoder` uses (keras_hub's families), by name; `[]` for the
-    package's own decoders. Every emitter (GroupQueryAttention, standard-op, LiteRT) writes
-    them all."""
+    """The optional parts `decoder` uses (keras_hub's families), by name; for the package's
+    own decoders `[]`, or the per-head q/k norms of blocks made with `query_key_norm`. Every
+    emitter (GroupQueryAttention, standard-op, LiteRT) writes them all."""
     blocks = decoder.blocks
     attentions = [block.attention for block in blocks]
     used = {
@@ -249,6 +249,8 @@ def _attention(layer) -> Attention:
     def kernel(part: str) -> np.ndarray:
         return _array(_tf.attention_part(layer, part).kernel)
 
+    query_norm, key_norm = _head_norms(layer)
+
     width = kernel("query_dense").shape[0]
     return Attention(
         num_heads=heads,
@@ -259,7 +261,34 @@ def _attention(layer) -> Attention:
         key=kernel("key_dense").reshape(width, kv_heads * head_dim),
         value=kernel("value_dense").reshape(width, kv_heads * head_dim),
         output=kernel("output_dense").reshape(heads * head_dim, width),
+        query_norm=query_norm,
+        key_norm=key_norm,
     )
+
+
+# The attention's q/k norms the description holds: an RMSNorm over each head's channels
+# before RoPE, with its scale as stored (Gemma's `1 + scale` rounds to the float32 that the
+# layer multiplies by, as keras_hub's Gemma norms are read).
+_PER_HEAD_NORMS = ("rms_per_head", "gemma_rms_per_head")
+
+
+def _head_norms(layer) -> tuple[Norm | None, Norm | None]:
+    kind = layer.query_key_norm
+    if kind is None:
+        return None, None
+    if kind not in _PER_HEAD_NORMS:
+        raise ExportError(
+            f"Attention {layer.name!r}: query_key_norm={kind!r} is not exported; the decoder "
+            f"export writes the per-head norms before RoPE ({', '.join(_PER_HEAD_NORMS)})."
+        )
+
+    def norm(sublayer) -> Norm:
+        scale = _array(sublayer.scale)
+        if kind == "gemma_rms_per_head":
+            scale = np.float32(1) + scale
+        return Norm(scale, float(layer.query_key_norm_epsilon))
+
+    return norm(layer.query_norm), norm(layer.key_norm)
 
 
 def _block(block: DecoderBlock) -> Block:
