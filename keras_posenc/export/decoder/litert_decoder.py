@@ -13,7 +13,7 @@ return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}`
 Every part a `Decoder` may have is written (keras_hub's families: q/k/v/o biases, per-head
 q/k/v norms, NoPE layers, sliding windows, soft caps, per-layer RoPE tables, post norms,
 GeGLU, block output scales, the embedding scale, GPT-OSS's attention sinks (uncapped, after
-the scores' soft cap) and mixture of experts (every expert run densely, as `moe.py`)). A
+the scores' soft cap) and mixture of experts (every expert run densely, as `moe_onnx`)). A
 sliding window counts tokens, not slots: a key's position is the count of slots the query's
 row attends to up to it, less one, so left padding inside the window does not narrow it.
 
@@ -114,7 +114,7 @@ class DecoderModule(tf.Module):
 
     @staticmethod
     def _moe(h, moe: Moe):
-        """The mixture of experts, every expert run densely (as `moe.py` writes it)."""
+        """The mixture of experts, every expert run densely (as `moe.moe_onnx` writes it)."""
         logits = tf.matmul(h, moe.router) + moe.router_bias
         values, indices = tf.math.top_k(logits, k=moe.top_k)
         probabilities = tf.nn.softmax(values)
