@@ -9,7 +9,11 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 
+# `--backend jax|torch` picks Keras's backend, which must be set before Keras loads.
+if "--backend" in sys.argv[1:-1]:
+    os.environ["KERAS_BACKEND"] = sys.argv[sys.argv.index("--backend") + 1]
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # before TensorFlow or Keras load
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,7 +23,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -44,6 +47,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--without-keras-hub", action="store_true")
     parser.add_argument("--note", default="", help="a sentence on the machine, for the docs")
     parser.add_argument("--check", action="store_true", help="exit 1 on a floor or precision miss")
+    parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax", "torch"),
+        default="tensorflow",
+        help="Keras backend; jax and torch run benchmarks/backends.py (printed, not written)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1.")
@@ -98,6 +107,15 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.backend != keras.backend.backend():
+        raise SystemExit(
+            f"Keras runs on {keras.backend.backend()!r}: pass --backend on the command line "
+            "(it must be set before Keras loads)."
+        )
+    if args.backend != "tensorflow":
+        from benchmarks import backends
+
+        return backends.main(args)
     keras.config.set_dtype_policy("float32")
     tf.get_logger().setLevel("ERROR")  # one tf.function per candidate: retracing warnings
     command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)])

@@ -1,12 +1,15 @@
-"""Positional encodings for Keras 3 on TensorFlow: sinusoidal, learned and rotary (RoPE).
+"""Positional encodings for Keras 3: sinusoidal, learned and rotary (RoPE).
 
 Every layer takes its sin/cos from one shared frequency table (`keras_posenc.frequencies`),
 computed in float64 on the host and rounded once, so values are exact at any position.
+The encoder layers run on the TensorFlow, JAX and PyTorch backends; the attention layers
+and the exports need TensorFlow.
 """
 
+BACKENDS = ("tensorflow", "jax", "torch")
 _BACKEND_HINT = (
-    "Set the environment variable KERAS_BACKEND=tensorflow before Python starts "
-    "(or before the first `import keras`)."
+    "Set the environment variable KERAS_BACKEND=tensorflow (or jax, or torch) before Python "
+    "starts (or before the first `import keras`)."
 )
 
 try:
@@ -15,13 +18,13 @@ except ImportError as error:
     # Keras imports its backend on import: on another backend whose dependencies are
     # missing (numpy needs scipy, jax needs jax) it fails before the check below can run.
     raise ImportError(
-        f"keras_posenc needs the TensorFlow backend of Keras, and Keras failed to import: "
+        f"keras_posenc needs Keras on one of {BACKENDS}, and Keras failed to import: "
         f"{error}. {_BACKEND_HINT}"
     ) from error
 
-if keras.backend.backend() != "tensorflow":
+if keras.backend.backend() not in BACKENDS:
     raise ImportError(
-        "keras_posenc needs the TensorFlow backend of Keras, but Keras is running on "
+        f"keras_posenc runs on the Keras backends {BACKENDS}, but Keras is running on "
         f"{keras.backend.backend()!r}. {_BACKEND_HINT}"
     )
 
@@ -43,6 +46,13 @@ from keras_posenc.sinusoidal import (  # noqa: E402
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+
+if keras.backend.backend() != "tensorflow":
+    from keras_posenc._keras_ops import tensorflow_only  # noqa: E402
+
+    # Not yet on this backend (issue #28): a clear error at construction, naming it.
+    for _layer in (DecoderBlock, RotaryGroupQueryAttention, RotaryMultiHeadAttention):
+        tensorflow_only(_layer)
 
 __version__ = "0.1.0"
 

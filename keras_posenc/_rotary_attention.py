@@ -40,6 +40,7 @@ from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_r
     renamed_rope_options,
 )
 from keras_posenc.positions import positions_from_mask
+from keras_posenc.query_key_norm import QueryKeyNorm, checked_query_key_norm, is_after_rope
 from keras_posenc.rotary import RotaryEmbedding
 
 
@@ -79,6 +80,13 @@ class RotaryAttention:
     # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`.
     query_temperature = None  # an AttentionTemperature, or None
     attention_chunk_size = None
+    # The query / key norms (`keras_posenc.query_key_norm`); their layers are made in build.
+    query_key_norm = None
+    query_key_norm_epsilon = 1e-6
+    query_norm = key_norm = None
+
+    def _init_query_key_norm(self, kind: str | None, epsilon: float) -> None:
+        self.query_key_norm, self.query_key_norm_epsilon = checked_query_key_norm(kind, epsilon)
 
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
         self.rotary_embedding = None  # rope_dim=0: a NoPE layer
@@ -104,8 +112,19 @@ class RotaryAttention:
             )
         super().build(query_shape, value_shape, key_shape)
         # Queries and keys share the head size, whatever their number of heads.
+        heads, kv_heads, head_dim, _ = self._head_counts()
         if self.rotary_embedding is not None:
-            self.rotary_embedding.build((None, None, None, self._head_counts()[2]))
+            self.rotary_embedding.build((None, None, None, head_dim))
+        if self.query_key_norm is not None:
+            for role, count in (("query", heads), ("key", kv_heads)):
+                norm = QueryKeyNorm(
+                    self.query_key_norm,
+                    self.query_key_norm_epsilon,
+                    dtype=self.dtype_policy,
+                    name=f"{role}_norm",
+                )
+                norm.build((None, None, count, head_dim))
+                setattr(self, f"{role}_norm", norm)
 
     def get_config(self) -> dict:
         rope = self.rotary_embedding
@@ -116,6 +135,8 @@ class RotaryAttention:
             **super().get_config(),
             **options,
             "positions_from_mask": self.positions_from_mask,
+            "query_key_norm": self.query_key_norm,
+            "query_key_norm_epsilon": self.query_key_norm_epsilon,
         }
 
     @classmethod
@@ -283,6 +304,19 @@ class RotaryAttention:
         return attention_mask, causal_only
 
     def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):
+        """Queries and keys normalized (`query_key_norm`: before RoPE, or after it for the
+        `*_after_rope` kinds) and rotated at `(positions, start_index)` `query_at` / `key_at`."""
+        after = is_after_rope(self.query_key_norm)
+        if self.query_norm is not None and not after:
+            query_heads, key_heads = self.query_norm(query_heads), self.key_norm(key_heads)
+        query_heads, key_heads = self._rotated(
+            query_heads, key_heads, same_tokens, query_at, key_at
+        )
+        if self.query_norm is not None and after:
+            query_heads, key_heads = self.query_norm(query_heads), self.key_norm(key_heads)
+        return query_heads, key_heads
+
+    def _rotated(self, query_heads, key_heads, same_tokens, query_at, key_at):
         """Queries and keys rotated at `(positions, start_index)` `query_at` / `key_at`.
 
         Self-attention rotates both at the same positions: one row lookup serves both, so

@@ -48,6 +48,9 @@ class DecoderBlock(keras.layers.Layer):
         rope_max_wavelength, rope_layout, rope_dim, rope_scaling: the attention's RoPE
             (see `RotaryGroupQueryAttention`).
         layer_norm_epsilon: the two RMSNormalizations' epsilon.
+        query_key_norm, query_key_norm_epsilon: the attention's query/key norms (Qwen3,
+            Gemma 3, ...; see `RotaryGroupQueryAttention`). `save_decoder` exports the
+            per-head ones, `"rms_per_head"` and `"gemma_rms_per_head"`.
         kernel_initializer: initializer of every kernel.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
@@ -74,6 +77,8 @@ class DecoderBlock(keras.layers.Layer):
         rope_dim: int | None = ROPE_DEFAULTS["rope_dim"],
         rope_scaling: dict | None = ROPE_DEFAULTS["rope_scaling"],
         layer_norm_epsilon: float = 1e-6,
+        query_key_norm: str | None = None,
+        query_key_norm_epsilon: float = 1e-6,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
@@ -103,6 +108,8 @@ class DecoderBlock(keras.layers.Layer):
             rope_dim=rope_dim,
             rope_scaling=rope_scaling,
             positions_from_mask=True,
+            query_key_norm=query_key_norm,
+            query_key_norm_epsilon=query_key_norm_epsilon,
             use_bias=False,
             kernel_initializer=self._initializer(),
             dtype=policy,
@@ -203,5 +210,7 @@ class DecoderBlock(keras.layers.Layer):
             "mlp": self.mlp,
             **{name: rope[name] for name in ROPE_NAMES},
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "query_key_norm": rope["query_key_norm"],
+            "query_key_norm_epsilon": rope["query_key_norm_epsilon"],
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         }

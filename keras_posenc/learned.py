@@ -5,11 +5,17 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc import _keras_layers, _tf
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
+from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rows import TableRows
 from keras_posenc.sinusoidal import SinusoidalInitializer
+
+_LIMIT_HINT = (
+    "build the layer with a larger max_length, or call "
+    "resize(new_max_length) to interpolate the table."
+)
 
 
 class _VariableRows(TableRows):
@@ -97,6 +103,10 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, positions=None, start_index=0):
+        if not uses_tensorflow():
+            return _keras_layers.learned_call(
+                self, _VariableRows(self.embeddings), inputs, positions, start_index, _LIMIT_HINT
+            )
         checked_call_input(self, inputs, 3, {-1: self.embeddings.shape[1]})
         outputs = position_rows(
             _VariableRows(self.embeddings),
@@ -104,8 +114,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             positions,
             start_index,
             limit=self.max_length,
-            limit_hint="build the layer with a larger max_length, or call "
-            "resize(new_max_length) to interpolate the table.",
+            limit_hint=_LIMIT_HINT,
             combine=lambda embedding: _tf.add_rounded_once(inputs, embedding),
             batch=static_dim(inputs, 0),
         )

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import _tf
+from keras_posenc import _keras_layers, _tf
 from keras_posenc._checks import (
     checked_axis,
     checked_bool,
@@ -27,6 +27,7 @@ from keras_posenc._checks import (
     checked_float_policy,
     checked_max_wavelength,
 )
+from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
@@ -220,6 +221,8 @@ class RotaryEmbedding(keras.layers.Layer):
         lookup for both. The tensors must agree in batch and sequence length; `call`'s
         arguments otherwise. Call it on a built layer, inside the caller's own `call`.
         """
+        if not uses_tensorflow():
+            return _keras_layers.rotate_together(self, tensors, positions, start_index, mask)
         for x in tensors:
             checked_call_input(self, x, self._built_rank, {self._feature_axis: self._head_dim})
         first = tensors[0]

@@ -48,6 +48,16 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         positions_from_mask: derive query / key positions from their padding masks
             (`cumsum(mask) - 1`), so left-padded batches attend as if unpadded; with a
             cache, from `cache_mask`.
+        query_key_norm: normalize each layer's projected queries and keys (Qwen3, OLMo 2,
+            Gemma 3, EXAONE 4, Llama 4, ...): None (none), or one of
+            `keras_posenc.query_key_norm.QUERY_KEY_NORMS`: `"rms_per_head"` (an RMSNorm
+            over each head's channels, one scale shared by the heads), `"gemma_rms_per_head"`
+            (the same times `1 + scale`), `"rms_across_heads"` (one RMSNorm over all the
+            heads' channels, a scale per channel, as OLMo 2), all before RoPE;
+            `"rms_per_head_after_rope"` (Hunyuan) and `"l2_after_rope"` (no scale; Llama 4)
+            after it. The queries and keys get separate scales (the `query_norm` and
+            `key_norm` sublayers, made in `build`).
+        query_key_norm_epsilon: the norms' epsilon (a config's `rms_norm_eps`).
         **kwargs: the other `keras.layers.MultiHeadAttention` arguments. The names before
             the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
             `rotary_scaling`) are still accepted.
@@ -93,6 +103,8 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         rope_mrope_section: tuple[int, ...] | None = ROPE_DEFAULTS["rope_mrope_section"],
         rope_mrope_interleaved: bool = ROPE_DEFAULTS["rope_mrope_interleaved"],
         positions_from_mask: bool = False,
+        query_key_norm: str | None = None,
+        query_key_norm_epsilon: float = 1e-6,
         **kwargs,
     ):
         options = renamed_rope_options(
@@ -115,6 +127,7 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
             )
         super().__init__(num_heads, key_dim, **kwargs)
         self._init_rotary(options, positions_from_mask)
+        self._init_query_key_norm(query_key_norm, query_key_norm_epsilon)
 
     def _head_counts(self) -> tuple[int, int, int, int]:
         return self.num_heads, self.num_heads, self.key_dim, self.value_dim

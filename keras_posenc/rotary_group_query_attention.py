@@ -64,6 +64,16 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
             equal; with a cache, the slots), on top of the other masks. Chunks start at a
             row's first real token: after the left padding of `cache_mask` (with a cache)
             or of `query_mask` / `value_mask` (without), as transformers counts them.
+        query_key_norm: normalize each layer's projected queries and keys (Qwen3, OLMo 2,
+            Gemma 3, EXAONE 4, Llama 4, ...): None (none), or one of
+            `keras_posenc.query_key_norm.QUERY_KEY_NORMS`: `"rms_per_head"` (an RMSNorm
+            over each head's channels, one scale shared by the heads), `"gemma_rms_per_head"`
+            (the same times `1 + scale`), `"rms_across_heads"` (one RMSNorm over all the
+            heads' channels, a scale per channel, as OLMo 2), all before RoPE;
+            `"rms_per_head_after_rope"` (Hunyuan) and `"l2_after_rope"` (no scale; Llama 4)
+            after it. The queries and keys get separate scales (the `query_norm` and
+            `key_norm` sublayers, made in `build`).
+        query_key_norm_epsilon: the norms' epsilon (a config's `rms_norm_eps`).
         **kwargs: the other `keras.layers.GroupQueryAttention` arguments. The names before
             the `rope_` prefix (`max_wavelength`, `rotary_layout`, `rotary_dim`,
             `rotary_scaling`) are still accepted.
@@ -92,6 +102,8 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         rope_mrope_section: tuple[int, ...] | None = ROPE_DEFAULTS["rope_mrope_section"],
         rope_mrope_interleaved: bool = ROPE_DEFAULTS["rope_mrope_interleaved"],
         positions_from_mask: bool = False,
+        query_key_norm: str | None = None,
+        query_key_norm_epsilon: float = 1e-6,
         query_temperature: dict | AttentionTemperature | None = None,
         attention_chunk_size: int | None = None,
         **kwargs,
@@ -126,6 +138,7 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
             )
         super().__init__(head_dim, num_query_heads, num_key_value_heads, **kwargs)
         self._init_rotary(options, positions_from_mask)
+        self._init_query_key_norm(query_key_norm, query_key_norm_epsilon)
         if attention_chunk_size is not None:
             self.attention_chunk_size = int(attention_chunk_size)
         if isinstance(query_temperature, dict):

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc import _keras_layers
 from keras_posenc._checks import (
     checked_call_input,
     checked_choice,
@@ -15,6 +16,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
     checked_positive_int,
 )
+from keras_posenc._keras_ops import uses_tensorflow
 from keras_posenc._tf import add_rounded_once
 from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
@@ -128,6 +130,8 @@ class SinusoidalInitializer(keras.initializers.Initializer):
         table = sinusoidal_table(
             shape[0], shape[1], self.max_wavelength, self.layout, self.frequency_spacing
         )
+        if not uses_tensorflow():
+            return keras.ops.cast(table, dtype or "float32")
         return tf.cast(table, dtype or "float32")
 
     def get_config(self) -> dict:
@@ -223,6 +227,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
+        if not uses_tensorflow():
+            return _keras_layers.sinusoidal_call(self, inputs, positions, start_index)
         checked_call_input(self, inputs, 3, {-1: self._table_width})
         if self.axes > 1 and positions is None:
             raise ValueError(

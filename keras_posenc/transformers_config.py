@@ -33,6 +33,7 @@ from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exp
     SLIDING,
     Family,
 )
+from keras_posenc.transformers_norms import query_key_norm_arguments
 from keras_posenc.transformers_schedules import layer_attention, layer_types, positionless_types
 
 _ROPE_KEY = re.compile("rope|rotary")
@@ -305,11 +306,6 @@ def _llama4_options(config: dict, layer_type: str | None, nope: bool, form: str)
             "floor_scale": temperature.floor_scale,
             "attn_scale": temperature.attn_scale,
         }
-    if not nope and config.get("use_qk_norm", True):
-        raise ValueError(
-            "This Llama 4 config's RoPE layers L2-normalize their queries and keys after RoPE "
-            "(use_qk_norm, on by default), which these layers do not: it needs use_qk_norm=False."
-        )
     if options and form != "gqa":
         raise ValueError(
             f"Llama 4's {', '.join(options)} is RotaryGroupQueryAttention's: use form='gqa'."
@@ -336,7 +332,11 @@ def attention_arguments(
         `rope_scaling` (and the M-RoPE options of a multimodal family); for a NoPE layer
         `rope_dim=0` alone. Llama 4's layers add `attention_chunk_size` (its
         `chunked_attention` layers) and `query_temperature` (its NoPE layers, with
-        `attn_temperature_tuning`), as `Llama4TextAttention` does.
+        `attn_temperature_tuning`), as `Llama4TextAttention` does. A family whose attention
+        normalizes its queries and keys (Qwen3, OLMo 2 and 3, Gemma 3, EXAONE 4, Llama 4's
+        `use_qk_norm`, ...: `transformers_norms.NORMS`) adds `query_key_norm` and
+        `query_key_norm_epsilon`; one whose norm these layers lack (Gemma 4's value norm,
+        Cohere's / Phi's / StableLM's LayerNorms) is an error.
 
     Example:
 
@@ -382,6 +382,7 @@ def attention_arguments(
             "rope_scaling": rotary["scaling"],
             **_llama4_options(config, layer_type, nope, form),
         }
+    options.update(query_key_norm_arguments(config, model_type, nope))
     if not nope and "mrope_section" in rotary:  # positions (batch, sequence, 3) at the call
         options["rope_mrope_section"] = rotary["mrope_section"]
         options["rope_mrope_interleaved"] = rotary["mrope_interleaved"]

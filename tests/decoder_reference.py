@@ -1,6 +1,7 @@
 """A Llama-style decoder in float64 numpy, from a step model's weights: the tests' reference.
 
-Written from the definitions, independently of the export: RMSNorm, RoPE from
+Written from the definitions, independently of the export: RMSNorm (and the attention's
+per-head q/k RMSNorms, `scale` or Gemma's `1 + scale`), RoPE from
 `reference.rotary` (frequencies from the formula, plain RoPE only), grouped-query
 attention over each row's real tokens, SwiGLU or GELU (erf). Each row keeps its own
 list of keys and values, its tokens at positions 0, 1, ... (padding dropped).
@@ -43,6 +44,14 @@ class ReferenceDecoder:
         q = np.einsum("sw,whd->shd", h, np.float64(attention._query_dense.kernel.numpy()))
         k = np.einsum("sw,whd->shd", h, np.float64(attention._key_dense.kernel.numpy()))
         v = np.einsum("sw,whd->shd", h, np.float64(attention._value_dense.kernel.numpy()))
+        kind = attention.query_key_norm
+        if kind is not None:  # the per-head RMSNorms before RoPE (all the export writes)
+            assert kind in ("rms_per_head", "gemma_rms_per_head"), kind
+            epsilon = attention.query_key_norm_epsilon
+            q, k = (
+                _rms(x, np.float64(norm.scale.numpy()) + (kind == "gemma_rms_per_head"), epsilon)
+                for x, norm in ((q, attention.query_norm), (k, attention.key_norm))
+            )
         start = len(self.keys[i])
         positions = np.arange(start, start + len(h))
         options = dict(max_wavelength=rope.max_wavelength, layout=rope.layout)

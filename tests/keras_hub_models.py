@@ -203,3 +203,23 @@ def tiny_causal_lm_2026(family: str, seed: int = 0, **options):
     backbone = getattr(keras_hub.models, backbone_class)(**{**defaults, **options})
     _redraw_2026(backbone, seed)
     return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)
+
+
+# GPT-OSS (not in FAMILIES: its own test file): four experts, two a token, a window of 8
+# on the odd layer, YaRN by 32 (keras_hub's original length 4096: the slow channels are
+# interpolated), and at the module docstring's scales but for the sinks, N(1, 1) (of the
+# order of the scores, so that they take a share of each softmax), and the experts'
+# gate/up kernels, 3x (so that the clamp at 7 is reached).
+GPT_OSS = dict(num_experts=4, top_k=2, sliding_window=8, rope_scaling_factor=32.0)
+
+
+def tiny_gpt_oss(seed: int = 0, **options):
+    backbone = keras_hub.models.GptOssBackbone(**{**COMMON, **GPT_OSS, **options})
+    redraw(backbone, seed)
+    rng = np.random.default_rng(seed + 1)
+    for layer in backbone.transformer_layers:
+        sinks = layer.self_attention_layer.sinks
+        sinks.assign((1.0 + rng.standard_normal(tuple(sinks.shape))).astype(np.float32))
+        experts = layer.sparse_moe_block.experts
+        experts.gate_up_proj.assign(3.0 * experts.gate_up_proj.numpy())
+    return keras_hub.models.GptOssCausalLM(backbone=backbone, preprocessor=None)

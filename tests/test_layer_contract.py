@@ -102,6 +102,33 @@ CASES = {
         (8 * 2 * 4 + 2 * 4) + 2 * (8 * 1 * 4 + 4) + (2 * 4 * 8 + 8),
         attention=keras.layers.GroupQueryAttention,
     ),
+    "rotary_attention_query_key_norm": LayerCase(
+        lambda: RotaryMultiHeadAttention(
+            num_heads=2,
+            key_dim=4,
+            query_key_norm="rms_across_heads",
+            query_key_norm_epsilon=1e-5,
+            name="normed_attention",
+        ),
+        (None, 8),
+        # as rotary_attention, and a scale per query and per key channel (2 x 4 each)
+        3 * (8 * 2 * 4 + 2 * 4) + (2 * 4 * 8 + 8) + 2 * (2 * 4),
+        attention=keras.layers.MultiHeadAttention,
+    ),
+    "rotary_group_query_attention_query_key_norm": LayerCase(
+        lambda: RotaryGroupQueryAttention(
+            4,
+            2,
+            1,
+            query_key_norm="gemma_rms_per_head",
+            query_key_norm_epsilon=1e-5,
+            name="normed_group_query_attention",
+        ),
+        (None, 8),
+        # as rotary_group_query_attention, and one scale of head_dim for queries, one for keys
+        (8 * 2 * 4 + 2 * 4) + 2 * (8 * 1 * 4 + 4) + (2 * 4 * 8 + 8) + 2 * 4,
+        attention=keras.layers.GroupQueryAttention,
+    ),
 }
 
 
@@ -245,7 +272,12 @@ def test_weight_counts(case):
         plain = _plain(case)
         x = _inputs(case)
         plain(x, x)
-        assert [tuple(w.shape) for w in layer.weights] == [tuple(w.shape) for w in plain.weights]
+        ours = [tuple(w.shape) for w in layer.weights]
+        assert ours[: len(plain.weights)] == [tuple(w.shape) for w in plain.weights]
+        # After the base layer's own: the q/k norms' scales, when the layer has them.
+        extra = [w.path.split("/")[-2:] for w in layer.weights[len(plain.weights) :]]
+        has_scales = layer.get_config().get("query_key_norm") is not None
+        assert extra == ([["query_norm", "scale"], ["key_norm", "scale"]] if has_scales else [])
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

@@ -144,7 +144,6 @@ def test_from_transformers_config_gives_each_layer_its_transformers_attention():
         ({"model_type": "smollm3", "hidden_size": 32, "num_attention_heads": 4}, {}, "layer_index"),
         (CONFIG, {"layer_index": 2}, "layer_index=2 is not a layer of this config"),
         (CONFIG, {"layer_index": 1, "layer_type": "chunked_attention"}, "layer 1 is full_att"),
-        ({**CONFIG, "use_qk_norm": True}, {"layer_index": 0}, "use_qk_norm"),
     ],
 )
 def test_from_transformers_config_refuses_a_layer_it_cannot_know(config, arguments, message):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from keras_posenc import RotaryEmbedding, rope_per_layer
-from keras_posenc.transformers_config import attention_arguments, rotary_arguments
+from keras_posenc.transformers_config import _head_dim, attention_arguments, rotary_arguments
 
 SIZES = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
 
@@ -110,9 +110,13 @@ def test_hunyuan_alpha_is_a_fixed_base():
     assert arguments["max_wavelength"] == pytest.approx(1e4 * 1000.0 ** (64 / 62), rel=1e-15)
 
 
-def test_gemma4_attention_arguments_take_the_head_size_of_the_layer_type():
+def test_gemma4_layer_types_have_their_own_head_size_and_its_attention_is_refused():
     config = {**SIZES, "model_type": "gemma4_text", "num_hidden_layers": 6, "global_head_dim": 128}
-    assert attention_arguments(config, "sliding_attention")["head_dim"] == 64
-    assert attention_arguments(config, "full_attention")["head_dim"] == 128
+    assert _head_dim(config, "gemma4_text", "sliding_attention") == 64
+    assert _head_dim(config, "gemma4_text", "full_attention") == 128
     with pytest.raises(ValueError, match="keys as values"):
         attention_arguments({**config, "attention_k_eq_v": True}, "full_attention")
+    # Its attention normalizes the values too (v_norm), which the layers do not.
+    for layer_type in ("sliding_attention", "full_attention"):
+        with pytest.raises(ValueError, match="gemma4_text config normalizes.*v_norm"):
+            attention_arguments(config, layer_type)

@@ -19,6 +19,7 @@ from test_transformers_parity_2026 import CASES, LENGTH, SIZES, LayerCapture, _d
 from keras_posenc import rope_per_layer
 from keras_posenc.transformers_config import attention_arguments, rotary_arguments
 from keras_posenc.transformers_families import COMPOSITE_5, FAMILIES
+from keras_posenc.transformers_norms import NORMS
 
 _ROPE_KEYS = (
     "rope_scaling",
@@ -65,13 +66,19 @@ def test_keys_a_config_leaves_out_get_transformers_defaults(name):
             if family.mrope is None and raw["model_type"] != "deepseek_v32":  # layers take them
                 # By index: SmolLM3's full_attention layers are RoPE and NoPE ones.
                 index = types.index(layer_type)
-                if raw["model_type"] == "llama4_text":  # use_qk_norm on: not these layers
+                if raw["model_type"] == "gemma4_text":  # its value norm: refused
                     for form in (raw, config):
-                        with pytest.raises(ValueError, match="use_qk_norm"):
+                        with pytest.raises(ValueError, match="v_norm"):
                             attention_arguments(form, layer_index=index)
                     continue
                 ours = attention_arguments(raw, layer_index=index)
                 assert ours == attention_arguments(config, layer_index=index)
+                # The q/k norm and its epsilon are the config class's defaults in both forms.
+                norm = NORMS.get(raw["model_type"])
+                if norm is not None and norm.flag is None:
+                    assert ours["query_key_norm"] == norm.kind
+                    epsilon = getattr(config, norm.epsilon_key)
+                    assert ours["query_key_norm_epsilon"] == epsilon == norm.epsilon
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -15,6 +15,7 @@ _RMS_NORMS = (
     "QwenLayerNorm",
     "Qwen3LayerNorm",
     "Phi3LayerNorm",
+    "GptOssLayerNormalization",
 )
 # Gemma's: `x / sqrt(mean(x²) + epsilon) * (1 + scale)`; `1 + scale` rounds to the same
 # float32 as keras_hub's, so it is stored as the scale.

@@ -25,6 +25,7 @@ from keras_posenc.keras_hub.common import array as _array
 from keras_posenc.keras_hub.common import rms_norm as _norm
 from keras_posenc.keras_hub.gemma import gemma_block
 from keras_posenc.keras_hub.gemma4 import gemma4_block, gemma4_per_layer_inputs
+from keras_posenc.keras_hub.gpt_oss import gpt_oss_block
 from keras_posenc.keras_hub.smollm3 import smollm3_block
 
 # keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
@@ -276,5 +277,6 @@ FAMILIES = {
     "Gemma3CausalLM": gemma_block,
     "SmolLM3CausalLM": smollm3_block,
     "Gemma4CausalLM": gemma4_block,
+    "GptOssCausalLM": gpt_oss_block,
 }
 SCALED = (gemma_block, gemma4_block)  # families whose embedded tokens are scaled by sqrt(width)

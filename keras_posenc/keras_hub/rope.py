@@ -88,10 +88,12 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
         }
     if kind != "RotaryEmbedding":
         raise ExportError(f"{owner}: its RoPE layer {kind} is not one the export reads.")
+    if layer.rope_type == "yarn" and getattr(layer, "denominator_dim", None) is None:
+        return wavelength, yarn_scaling(layer)
     if layer.rope_type != "linear" or getattr(layer, "denominator_dim", None) is not None:
         raise ExportError(
             f"{owner}: keras_hub RoPE with rope_type={layer.rope_type!r} (or a "
-            "denominator_dim) is not exported; 'linear' is."
+            "denominator_dim) is not exported; 'linear' and 'yarn' are."
         )
     if layer.scaling_factor == 1.0:
         return wavelength, None
@@ -118,6 +120,21 @@ def _proportional_settings(rotary: ProportionalRotary, owner: str) -> tuple[floa
         "rope_type": "proportional",
         "factor": factor,
         "partial_rotary_factor": rotary.rotary_dim / rotary.head_dim,
+    }
+
+
+def yarn_scaling(layer) -> dict:
+    """keras_hub's YaRN (GPT-OSS) in transformers' form; its attention factor is
+    `1 + 0.1 ln(factor)` whatever the factor (transformers': 1 for factors <= 1)."""
+    factor = float(layer.scaling_factor)
+    return {
+        "rope_type": "yarn",
+        "factor": factor,
+        "beta_fast": float(layer.beta_fast),
+        "beta_slow": float(layer.beta_slow),
+        "original_max_position_embeddings": int(layer.original_max_position_embeddings),
+        "truncate": bool(layer.truncate),
+        "attention_factor": 1.0 + 0.1 * float(np.log(factor)),
     }
 
 

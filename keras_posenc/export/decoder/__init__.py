@@ -3,9 +3,10 @@
 One idea per module: `description` (a step model read into arrays and settings, what
 every emitter reads), `graph` (an `onnx.helper` graph builder), `gqa` (attention as
 onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attention`),
-`onnx_decoder` (the genai-interface graph), `litert_decoder` (the LiteRT file with
-`prefill` and `decode` signatures), `genai_config`, `greedy` (greedy generation in Keras
-and onnxruntime), `check` (the verification) and `save` (`save_decoder`).
+`moe` (a mixture of experts: dense ONNX ops, or one `com.microsoft.MoE`), `onnx_decoder`
+(the genai-interface graph), `litert_decoder` (the LiteRT file with `prefill` and `decode`
+signatures), `genai_config`, `greedy` (greedy generation in Keras and onnxruntime), `check`
+(the verification) and `save` (`save_decoder`).
 """
 
 from keras_posenc.export.decoder.check import compare_greedy, decoder_cases, verify_decoder

@@ -57,7 +57,7 @@ class Attention:
     key: np.ndarray  # (width, kv_num_heads * head_dim)
     value: np.ndarray  # (width, kv_num_heads * head_dim)
     output: np.ndarray  # (num_heads * head_dim, width)
-    # Optional parts (keras_hub's families; the package's own blocks have none of them).
+    # Optional parts (keras_hub's families; the package's own blocks: the q/k norms alone).
     query_bias: np.ndarray | None = None  # (num_heads * head_dim,), added before RoPE
     key_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
     value_bias: np.ndarray | None = None  # (kv_num_heads * head_dim,)
@@ -75,6 +75,10 @@ class Attention:
     # keys or values of its own (its `key`/`value` are `(width, 0)`, its k/v norms None)
     # and attends to layer `kv_source`'s cache as that layer left it in the same call.
     kv_source: int | None = None
+    output_bias: np.ndarray | None = None  # (width,), added after the output kernel
+    # Per-head learned logits (GPT-OSS's sinks): each head's softmax runs over its scores
+    # and one more logit `sinks[h]`, whose weight is then dropped (it attends to nothing).
+    sinks: np.ndarray | None = None  # (num_heads,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,33 @@ class PerLayerInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+class Moe:
+    """A mixture of experts (GPT-OSS's): `router = x @ router + router_bias`; the
+    `top_k` largest router logits, softmaxed over those `top_k`, weigh their experts
+    (the others weigh 0); expert `e` computes `g = clip(x @ gate[e] + gate_bias[e],
+    -1e9, limit)`, `u = clip(x @ up[e] + up_bias[e], -limit, limit)` and
+    `((u + 1) * g * sigmoid(alpha * g)) @ down[e] + down_bias[e]`."""
+
+    router: np.ndarray  # (width, experts)
+    router_bias: np.ndarray  # (experts,)
+    top_k: int
+    gate: np.ndarray  # (experts, width, intermediate)
+    gate_bias: np.ndarray  # (experts, intermediate)
+    up: np.ndarray  # (experts, width, intermediate)
+    up_bias: np.ndarray  # (experts, intermediate)
+    down: np.ndarray  # (experts, intermediate, width)
+    down_bias: np.ndarray  # (experts, width)
+    alpha: float
+    limit: float
+
+    kind = "moe"
+
+    @property
+    def experts(self) -> int:
+        return self.router.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
 class Block:
     """`x + post_attention_norm(attention(attention_norm(x)))`, then the same for the MLP,
     then times `output_scale`; the post norms (Gemma 2, 3 and 4) and the scale (Gemma 4's
@@ -126,7 +157,7 @@ class Block:
     attention_norm: Norm
     attention: Attention
     mlp_norm: Norm
-    mlp: Mlp
+    mlp: Mlp | Moe
     post_attention_norm: Norm | None = None
     post_mlp_norm: Norm | None = None
     output_scale: float = 1.0  # the block's output (residual included) times this (Gemma 4)
@@ -172,9 +203,9 @@ class Decoder:
 
 
 def optional_parts(decoder: Decoder) -> list[str]:
-    """The optional parts `decoder` uses (keras_hub's families), by name; `[]` for the
-    package's own decoders. Every emitter (GroupQueryAttention, standard-op, LiteRT) writes
-    them all."""
+    """The optional parts `decoder` uses (keras_hub's families), by name; for the package's
+    own decoders `[]`, or the per-head q/k norms of blocks made with `query_key_norm`. Every
+    emitter (GroupQueryAttention, standard-op, LiteRT) writes them all."""
     blocks = decoder.blocks
     attentions = [block.attention for block in blocks]
     used = {
@@ -182,6 +213,8 @@ def optional_parts(decoder: Decoder) -> list[str]:
             a.query_bias is not None or a.key_bias is not None or a.value_bias is not None
             for a in attentions
         ),
+        "attention output biases": any(a.output_bias is not None for a in attentions),
+        "attention sinks": any(a.sinks is not None for a in attentions),
         "per-head q/k norms": any(
             a.query_norm is not None or a.key_norm is not None for a in attentions
         ),
@@ -198,6 +231,7 @@ def optional_parts(decoder: Decoder) -> list[str]:
         "per-layer head sizes": len({(a.head_dim, a.kv_num_heads) for a in attentions}) > 1,
         "shared key/value layers": any(a.kv_source is not None for a in attentions),
         "per-layer inputs": decoder.per_layer_inputs is not None,
+        "mixture-of-experts MLPs": any(isinstance(b.mlp, Moe) for b in blocks),
         "an embedding scale": decoder.embedding_scale != 1.0,
         "a final logit soft cap": bool(decoder.final_softcap),
     }
@@ -258,6 +292,8 @@ def _attention(layer) -> Attention:
     def kernel(part: str) -> np.ndarray:
         return _array(_tf.attention_part(layer, part).kernel)
 
+    query_norm, key_norm = _head_norms(layer)
+
     width = kernel("query_dense").shape[0]
     return Attention(
         num_heads=heads,
@@ -268,7 +304,34 @@ def _attention(layer) -> Attention:
         key=kernel("key_dense").reshape(width, kv_heads * head_dim),
         value=kernel("value_dense").reshape(width, kv_heads * head_dim),
         output=kernel("output_dense").reshape(heads * head_dim, width),
+        query_norm=query_norm,
+        key_norm=key_norm,
     )
+
+
+# The attention's q/k norms the description holds: an RMSNorm over each head's channels
+# before RoPE, with its scale as stored (Gemma's `1 + scale` rounds to the float32 that the
+# layer multiplies by, as keras_hub's Gemma norms are read).
+_PER_HEAD_NORMS = ("rms_per_head", "gemma_rms_per_head")
+
+
+def _head_norms(layer) -> tuple[Norm | None, Norm | None]:
+    kind = layer.query_key_norm
+    if kind is None:
+        return None, None
+    if kind not in _PER_HEAD_NORMS:
+        raise ExportError(
+            f"Attention {layer.name!r}: query_key_norm={kind!r} is not exported; the decoder "
+            f"export writes the per-head norms before RoPE ({', '.join(_PER_HEAD_NORMS)})."
+        )
+
+    def norm(sublayer) -> Norm:
+        scale = _array(sublayer.scale)
+        if kind == "gemma_rms_per_head":
+            scale = np.float32(1) + scale
+        return Norm(scale, float(layer.query_key_norm_epsilon))
+
+    return norm(layer.query_norm), norm(layer.key_norm)
 
 
 def _block(block: DecoderBlock) -> Block:

@@ -13,7 +13,8 @@ the new tokens, found as the first 1) before the embedding and back after the la
 A right-padded prompt (what onnxruntime-genai itself feeds) and a decode step have
 `pad = 0` and are left as they are. A row's cache then holds its
 tokens from slot 0, and a token's position is the count of 1s before it in its row of
-the mask, as the interface defines.
+the mask, as the interface defines. Attention sinks (GPT-OSS) are GroupQueryAttention's
+`head_sink` input (onnxruntime >= 1.32 verified; `runtime_version.py`).
 
 Per-layer head sizes and K/V head counts (Gemma 4's global layers): each node its own
 `kv_num_heads` and cos/sin caches (node inputs, any width the kernel allows). A KV-sharing
@@ -26,7 +27,11 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
-from keras_posenc.export.decoder.projection import attention_inputs, query_input
+from keras_posenc.export.decoder.projection import (
+    attention_inputs,
+    attention_output,
+    query_input,
+)
 from keras_posenc.export.errors import ExportError
 
 
@@ -55,11 +60,26 @@ def check_gqa(decoder: Decoder) -> None:
             )
 
 
+def refuse_capped_sinks(decoder: Decoder, graph: str) -> None:
+    """Sinks with soft-capped scores: whether the runtime caps the sink logit too is not
+    verified (GPT-OSS has no caps), so the pair is refused rather than guessed."""
+    for i, block in enumerate(decoder.blocks):
+        attention = block.attention
+        if attention.sinks is not None and attention.softcap:
+            raise ExportError(
+                f"Layer {i} has attention sinks and soft-capped scores together, which the "
+                f"{graph} graph does not write (whether the sink logit is capped too is not "
+                "verified); write the LiteRT file alone (formats=('litert',)), which caps "
+                "the scores and not the sinks."
+            )
+
+
 class GqaAttention:
     """Emits the graph's mask-derived inputs once, then one attention per layer."""
 
     def __init__(self, decoder: Decoder):
         check_gqa(decoder)
+        refuse_capped_sinks(decoder, "GroupQueryAttention")
         self.decoder = decoder
 
     def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
@@ -113,23 +133,44 @@ class GqaAttention:
             )
         return self._tables[id(rope)]
 
+    @staticmethod
+    def _sinks(g: GraphBuilder, i: int, attention: Attention) -> list[str]:
+        """`head_sink` (after the unused `position_ids` and `attention_bias`), or nothing:
+        GroupQueryAttention adds `exp(head_sink[h])` to head h's softmax denominator,
+        which is a softmax over the scores and one more logit whose weight is dropped."""
+        if attention.sinks is None:
+            return []
+        return ["", "", g.initializer(f"layers.{i}.attn.sinks", attention.sinks)]
+
     def layer(self, g: GraphBuilder, i: int, hidden: str, attention: Attention) -> str:
         """One layer's attention output; writes `present.{i}.key|value` (a KV-sharing layer:
         none, see `_shared`)."""
-        # A NoPE layer: no rotation, and no caches (GroupQueryAttention's last, optional
-        # inputs).
-        tables = [] if attention.no_rope else self._cos_sin(g, attention.rope or self.decoder.rope)
+        # A NoPE layer: no rotation, and no cos/sin caches (empty names where `head_sink`
+        # follows them; none at the end).
+        tables = (
+            ["", ""] if attention.no_rope else self._cos_sin(g, attention.rope or self.decoder.rope)
+        )
         source = attention.kv_source
         if source is None:
-            inputs = attention_inputs(g, i, hidden, attention)
-            self._new_kv[i] = inputs[1:]
+            qkv = attention_inputs(g, i, hidden, attention)
+            self._new_kv[i] = qkv[1:]
             caches = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
             presents = [f"present.{i}.key", f"present.{i}.value"]
         else:
-            inputs, caches, presents = self._shared(g, i, hidden, attention, source)
+            qkv, caches, presents = self._shared(g, i, hidden, attention, source)
+        inputs = [
+            *qkv,
+            *caches,
+            self.seqlens_k,
+            self.total_length,
+            *tables,
+            *self._sinks(g, i, attention),
+        ]
+        while inputs[-1] == "":
+            inputs.pop()
         output = g.node(
             "GroupQueryAttention",
-            [*inputs, *caches, self.seqlens_k, self.total_length, *tables],
+            inputs,
             [g.name(f"layers.{i}.attn"), *presents],
             domain=MICROSOFT,
             num_heads=attention.num_heads,
@@ -140,9 +181,7 @@ class GqaAttention:
             local_window_size=-1 if attention.window is None else attention.window,
             softcap=attention.softcap,
         )[0]
-        return g.node(
-            "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]
-        )
+        return attention_output(g, i, output, attention)
 
     def _shared(self, g: GraphBuilder, i: int, hidden: str, attention: Attention, source: int):
         """A KV-sharing layer's GroupQueryAttention inputs, caches and presents: its own

@@ -12,11 +12,12 @@ return `logits` `(batch, sequence, vocabulary)` and the updated `kv_cache_k_{i}`
 layer's cache has its own head count and size; a KV-sharing layer (Gemma 4) has no cache
 tensors and reads its source layer's, as written in the same call.
 
-Every part a `Decoder` may have is written (keras_hub's families: q/k/v biases, per-head
+Every part a `Decoder` may have is written (keras_hub's families: q/k/v/o biases, per-head
 q/k/v norms, NoPE layers, sliding windows, soft caps, per-layer RoPE tables, post norms,
-GeGLU, block output scales, the embedding scale). A sliding window counts tokens, not
-slots: a key's position is the count of slots the query's row attends to up to it, less
-one, so left padding inside the window does not narrow it.
+GeGLU, block output scales, the embedding scale, GPT-OSS's attention sinks (uncapped, after
+the scores' soft cap) and mixture of experts (every expert run densely, as `moe_onnx`)). A
+sliding window counts tokens, not slots: a key's position is the count of slots the query's
+row attends to up to it, less one, so left padding inside the window does not narrow it.
 
 A token's RoPE position is the count of slots its row of `mask` lets it attend to, less
 one (itself): the count of real tokens before it, as in the ONNX file and in Keras's
@@ -44,7 +45,16 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
-from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp, Norm, Rope
+from keras_posenc.export.decoder.description import (
+    Attention,
+    Block,
+    Decoder,
+    Mlp,
+    Moe,
+    Norm,
+    Rope,
+)
+from keras_posenc.export.decoder.moe import GATE_FLOOR, side_by_side
 from keras_posenc.export.errors import ExportError
 
 SIGNATURES = ("prefill", "decode")
@@ -106,7 +116,32 @@ class DecoderModule(tf.Module):
         return tf.concat([rotated, rest], -1) if x.shape[-1] > 2 * half else rotated
 
     @staticmethod
-    def _mlp(h, mlp: Mlp):
+    def _moe(h, moe: Moe):
+        """The mixture of experts, every expert run densely (as `moe.moe_onnx` writes it)."""
+        logits = tf.matmul(h, moe.router) + moe.router_bias
+        values, indices = tf.math.top_k(logits, k=moe.top_k)
+        probabilities = tf.nn.softmax(values)
+        weights = tf.reduce_sum(
+            tf.one_hot(indices, moe.experts) * tf.expand_dims(probabilities, -1), axis=-2
+        )  # (batch, sequence, experts)
+        experts, intermediate = moe.gate_bias.shape
+        by_expert = tf.concat([tf.shape(h)[:2], [experts, intermediate]], 0)
+
+        def projection(kernel, bias):
+            out = tf.matmul(h, side_by_side(kernel)) + bias.reshape(-1)
+            return tf.reshape(out, by_expert)
+
+        gate = tf.clip_by_value(projection(moe.gate, moe.gate_bias), GATE_FLOOR, moe.limit)
+        up = tf.clip_by_value(projection(moe.up, moe.up_bias), -moe.limit, moe.limit)
+        units = (up + 1.0) * (gate * tf.sigmoid(gate * moe.alpha)) * tf.expand_dims(weights, -1)
+        units = tf.reshape(units, tf.concat([tf.shape(h)[:2], [experts * intermediate]], 0))
+        down = moe.down.reshape(experts * intermediate, -1)
+        return tf.matmul(units, down) + tf.matmul(weights, moe.down_bias)
+
+    @staticmethod
+    def _mlp(h, mlp: Mlp | Moe):
+        if isinstance(mlp, Moe):
+            return DecoderModule._moe(h, mlp)
         up = tf.matmul(h, mlp.up)
         if mlp.kind == "swiglu":
             gate = tf.matmul(h, mlp.gate)
@@ -164,10 +199,29 @@ class DecoderModule(tf.Module):
         scores = self._capped(tf.matmul(q * a.scale, key_cache, transpose_b=True), a.softcap)
         scores = tf.reshape(scores, [batch, kv_heads, groups, steps, self.slots])
         scores = tf.where(tf.expand_dims(attended, 1), scores, _MASKED)
-        weights = tf.reshape(tf.nn.softmax(scores), [batch, kv_heads, groups * steps, self.slots])
+        weights = tf.reshape(
+            self._softmax(scores, a.sinks, kv_heads, groups),
+            [batch, kv_heads, groups * steps, self.slots],
+        )
         out = tf.reshape(tf.matmul(weights, value_cache), [batch, a.num_heads, steps, head_dim])
         out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [batch, steps, a.num_heads * head_dim])
-        return tf.matmul(out, a.output), key_cache, value_cache
+        out = tf.matmul(out, a.output)
+        if a.output_bias is not None:
+            out = out + a.output_bias
+        return out, key_cache, value_cache
+
+    @staticmethod
+    def _softmax(scores, sinks, kv_heads: int, groups: int):
+        """Softmax over the slots `(batch, kv, groups, steps, slots)`, with each head's
+        sink logit (GPT-OSS) in the denominator: a softmax over the scores and the sink,
+        the sink's own weight dropped."""
+        if sinks is None:
+            return tf.nn.softmax(scores)
+        sink = tf.constant(sinks.reshape(1, kv_heads, groups, 1, 1), tf.float32)
+        top = tf.maximum(tf.reduce_max(scores, axis=-1, keepdims=True), sink)
+        exponentials = tf.exp(scores - top)
+        total = tf.reduce_sum(exponentials, axis=-1, keepdims=True) + tf.exp(sink - top)
+        return exponentials / total
 
     @staticmethod
     def _windowed(attended, window: int | None):

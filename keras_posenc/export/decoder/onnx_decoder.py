@@ -10,9 +10,10 @@ the cached layers by their input names). Gemma 4's per-layer embeddings are comp
 `input_ids` inside the graph. No converter in between: the
 graph is what the genai model builder writes for a Llama-style model, node for node
 (`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
-the residual adds, MatMuls, the attention of `attention=`). With `attention="standard"`
-every node is ONNX's own (opset 24): `RMSNormalization` and `Add` for the norms and
-residuals, `Gelu`, and the attention of `standard.py`.
+the residual adds, MatMuls, the attention of `attention=`, a mixture of experts as one
+`com.microsoft.MoE`). With `attention="standard"` every node is ONNX's own (opset 24):
+`RMSNormalization` and `Add` for the norms and residuals, `Gelu`, the attention of
+`standard.py` and the dense mixture of experts of `moe.py`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from keras_posenc.export.decoder.description import Decoder, Mlp, PerLayerInputs
+from keras_posenc.export.decoder.description import Decoder, Mlp, Moe, PerLayerInputs
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
 
 GQA_OPSET = 21
@@ -49,7 +51,9 @@ def _skip_norm(g, x: str, residual: str, scale, epsilon: float, name: str) -> tu
     return normed, total
 
 
-def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp) -> str:
+def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp | Moe) -> str:
+    if isinstance(mlp, Moe):  # one contrib MoE where contrib ops are allowed (`moe.py`)
+        return moe_onnx(g, i, hidden, mlp) if g.standard else moe_contrib(g, i, hidden, mlp)
     up = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.up_proj", mlp.up)])
     if mlp.kind == "swiglu":
         gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])

@@ -72,3 +72,15 @@ def query_input(g: GraphBuilder, i: int, hidden: str, attention: Attention) -> s
     if a.query_norm is not None:
         query = _head_norm(g, query, a.query_norm, a.num_heads, a.head_dim, f"{prefix}.q_norm")
     return query
+
+
+def attention_output(g: GraphBuilder, i: int, heads: str, attention: Attention) -> str:
+    """The output projection of the attended heads `(batch, sequence, heads * head_dim)`,
+    with its bias (GPT-OSS) where it has one."""
+    kernel = g.initializer(f"layers.{i}.attn.o_proj", attention.output)
+    out = g.node("MatMul", [heads, kernel])
+    if attention.output_bias is None:
+        return out
+    return g.node(
+        "Add", [out, g.initializer(f"layers.{i}.attn.o_proj.bias", attention.output_bias)]
+    )

@@ -5,7 +5,14 @@ onnxruntime 1.32 passes: GroupQueryAttention's `local_window_size` and `softcap`
 Mistral, Gemma 2 and Gemma 3: other tokens from step 9 on, logits 0.5-1.4 off) and the
 `softcap` of ONNX's own `Attention` (Gemma 2's standard-op graph). Versions between the two
 are untested, so an export with these parts is refused below 1.32 instead of being written
-for a runtime that answers otherwise.
+for a runtime that answers otherwise. Attention sinks (GPT-OSS: GroupQueryAttention's
+`head_sink`, an additive float mask with an extra slot in ONNX's `Attention`) were added
+after that run and are verified with 1.32 alone, so they are refused below it too; so is
+the GroupQueryAttention graph's `com.microsoft.MoE` (its clamped SwiGLU and routing were
+compared with keras_hub on 1.32 alone, never on 1.23; the standard-op graph's dense experts
+are ONNX's own operators and are not refused). Refused rather than written densely below
+1.32: one graph per `attention=`, whichever onnxruntime writes it, and GPT-OSS, the one
+family with experts, is refused there anyway for its sinks.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ from keras_posenc.export.errors import ExportError
 VERIFIED_FROM = (1, 32)
 # The parts each attention graph writes with an attribute that older runtimes read otherwise.
 _ATTRIBUTE_PARTS = {
-    "gqa": ("sliding windows", "attention soft caps"),
-    "standard": ("attention soft caps",),
+    "gqa": ("sliding windows", "attention soft caps", "attention sinks", "mixture-of-experts MLPs"),
+    "standard": ("attention soft caps", "attention sinks"),
 }
 
 

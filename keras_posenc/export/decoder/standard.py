@@ -24,7 +24,10 @@ keras_hub's parts: the q/k/v biases and per-head norms as `projection.py` writes
 (then `Split` only for the packed form), soft caps as `Attention`'s `softcap`, one
 cos/sin pair per distinct table (Gemma 3's local and global layers), and a sliding
 window as one more mask per window: slot `s` within `window` tokens of the query, a
-key's position the count of 1s of the mask up to its slot, less one. Per-layer head sizes
+key's position the count of 1s of the mask up to its slot, less one. Attention sinks
+(GPT-OSS) as one more key and value slot of zeros given to `Attention` (not written to
+the cache), the mask then additive: 0 or `-inf` over the cache, head h's sink logit for
+that slot, whose score `q·0 + sinks[h]` is then the sink's. Per-layer head sizes
 (Gemma 4): one write index per K/V head count, one mask per (window, group size); a
 KV-sharing layer attends to its source's written caches and writes none.
 """
@@ -34,8 +37,13 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder, Rope
+from keras_posenc.export.decoder.gqa import refuse_capped_sinks
 from keras_posenc.export.decoder.graph import GraphBuilder
-from keras_posenc.export.decoder.projection import attention_inputs, query_input
+from keras_posenc.export.decoder.projection import (
+    attention_inputs,
+    attention_output,
+    query_input,
+)
 
 STANDARD_OPSET = 23
 
@@ -44,6 +52,7 @@ class StandardAttention:
     """Emits the graph's mask-derived inputs once, then one attention per layer."""
 
     def __init__(self, decoder: Decoder):
+        refuse_capped_sinks(decoder, "standard-op")
         self.decoder = decoder
 
     def prepare(self, g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
@@ -57,6 +66,7 @@ class StandardAttention:
         length = g.node("Shape", [input_ids], start=1, end=2)
         total = g.node("Shape", [attention_mask], start=1, end=2)
         past = g.node("Sub", [total, length])  # (1,): the first slot written
+        self.batch, self.length = batch, length
         self._indices = {}  # kv_heads -> ScatterND's write indices, one per head count
         self._write = lambda kv_heads: self._write_indices(g, batch, length, past, kv_heads)
         # Positions: the count of 1s before each new token (padding: 0).
@@ -158,6 +168,37 @@ class StandardAttention:
             num_heads=heads,  # onnxruntime 1.23 wants it with rotary_embedding_dim
         )
 
+    def _with_sink(self, g: GraphBuilder, i: int, attention: Attention, keys, values, mask):
+        """`(keys, values, mask)` with one more slot per kv head: a zero key and value,
+        and in the (now additive) mask head h's sink logit, so that the zero key's score
+        `0 + sinks[h]` joins the softmax and its weight multiplies a zero value."""
+        i64, kv_heads = np.int64, attention.kv_num_heads
+        groups, head_dim = attention.num_heads // kv_heads, attention.head_dim
+        zeros_shape = g.node(
+            "Concat", [self.batch, g.constant([kv_heads, 1, head_dim], i64)], axis=0
+        )
+        zero = g.node("ConstantOfShape", [zeros_shape])  # float32 zeros
+        keys, values = (g.node("Concat", [x, zero], axis=2) for x in (keys, values))
+        rows = g.node("Mul", [self.length, g.constant([groups], i64)])
+        b_kv = g.node("Shape", [keys], start=0, end=2)  # (B, kv)
+        slots = g.node("Shape", [mask], start=3, end=4)
+        additive = g.node(
+            "Where",
+            [mask, g.constant(0.0, np.float32), g.constant(-np.inf, np.float32)],
+        )  # (B, 1, groups * S, slots)
+        additive = g.node("Expand", [additive, g.node("Concat", [b_kv, rows, slots], axis=0)])
+        sinks = attention.sinks.reshape(1, kv_heads, groups, 1, 1).astype(np.float32)
+        by_step = g.node(
+            "Concat",
+            [b_kv, g.constant([groups], i64), self.length, g.constant([1], i64)],
+            axis=0,
+        )
+        column = g.node("Expand", [g.initializer(f"layers.{i}.attn.sinks", sinks), by_step])
+        column = g.node(
+            "Reshape", [column, g.node("Concat", [b_kv, rows, g.constant([1], i64)], axis=0)]
+        )
+        return keys, values, g.node("Concat", [additive, column], axis=-1)
+
     def _new_caches(self, g: GraphBuilder, i: int, hidden: str, attention: Attention):
         """`(query, key cache, value cache)`: the layer's keys and values written into
         `present.{i}.key|value`, or a KV-sharing layer's source's caches."""
@@ -198,9 +239,12 @@ class StandardAttention:
         head_dim, groups = attention.head_dim, attention.num_heads // attention.kv_num_heads
         grouped = g.constant([0, attention.kv_num_heads, -1, head_dim], np.int64)
         q = g.node("Reshape", [q, grouped])
+        keys_values_mask = [key_cache, value_cache, self._mask(g, attention.window, groups)]
+        if attention.sinks is not None:
+            keys_values_mask = self._with_sink(g, i, attention, *keys_values_mask)
         output = g.node(
             "Attention",
-            [q, key_cache, value_cache, self._mask(g, attention.window, groups)],
+            [q, *keys_values_mask],
             scale=attention.scale,
             softcap=attention.softcap,
         )
@@ -208,6 +252,4 @@ class StandardAttention:
         output = g.node("Reshape", [output, heads])
         output = g.node("Transpose", [output], perm=[0, 2, 1, 3])
         output = g.node("Reshape", [output, g.constant([0, 0, -1], np.int64)])
-        return g.node(
-            "MatMul", [output, g.initializer(f"layers.{i}.attn.o_proj", attention.output)]
-        )
+        return attention_output(g, i, output, attention)

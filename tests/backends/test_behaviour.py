@@ -1,0 +1,161 @@
+"""The encoder layers on JAX / torch beyond their values: bad input, compilations, training.
+
+Bad input raises a clear error where its value is known (eagerly) and gives NaN where
+`jax.jit` traces it, as XLA does in TensorFlow; a traced start or positions compile once
+per shape; the layers train inside a Keras model; the attention layers say they need
+TensorFlow for now.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import keras_posenc as kp
+
+BACKEND = keras.backend.backend()
+X = np.random.default_rng(0).standard_normal((2, 12, 16)).astype(np.float32)
+Q = X.reshape(2, 12, 2, 8)
+
+
+def _layers():
+    return {
+        "sinusoidal": (kp.SinusoidalPositionalEncoding(), X),
+        "learned": (kp.LearnedPositionalEmbedding(40), X),
+        "rotary": (kp.RotaryEmbedding(), Q),
+        # More row values than a `where` serves: a conditional under jit.
+        "rotary_long": (kp.RotaryEmbedding(), np.tile(Q, (1, 8, 1, 1))),
+        "dynamic": (
+            kp.RotaryEmbedding(
+                scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 32}
+            ),
+            Q,
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        ({"start_index": -1}, "start_index must be >= 0"),
+        ({"positions": np.full(12, 2**24, np.int32)}, "positions must be below"),
+        ({"positions": np.full(12, -3, np.int32)}, "positions must be >= 0"),
+        ({"positions": np.zeros(11, np.int32)}, "give one position per step"),
+        ({"positions": np.zeros(12, np.float32)}, "positions must be integers"),
+        ({"start_index": np.zeros(2, np.int32)}, "start_index must be a scalar"),
+    ],
+)
+def test_bad_input_raises_eagerly(kind, call, message):
+    layer, x = _layers()[kind]
+    with pytest.raises((ValueError, TypeError), match=message):
+        layer(x, **call)
+
+
+def test_learned_run_past_its_table_raises():
+    with pytest.raises(ValueError, match="larger max_length"):
+        kp.LearnedPositionalEmbedding(40)(X, start_index=30)
+
+
+def test_integer_input_raises():
+    with pytest.raises(TypeError, match="floating-point input"):
+        kp.RotaryEmbedding()(Q.astype(np.int32))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.jit")
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("start_index", -1),
+        ("start_index", 2**24 - 5),
+        ("start_index", 2**31 - 1),
+        ("positions", np.array([0] * 11 + [2**24], np.int32)),
+        ("positions", np.array([0] * 11 + [-1], np.int32)),
+    ],
+)
+def test_bad_input_is_nan_under_jit(kind, argument, value):
+    import jax
+
+    layer, x = _layers()[kind]
+    layer(x)  # built, and a good call
+    if kind == "learned" and argument == "start_index" and value == 2**24 - 5:
+        value = 30  # past a 40-row table
+    output = jax.jit(lambda x, v: layer(x, **{argument: v}))(x, value)
+    assert np.all(np.isnan(np.asarray(output)))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.jit")
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "rotary_long", "dynamic"])
+def test_jit_compiles_once_per_shape(kind):
+    import jax
+
+    layer, x = _layers()[kind]
+    layer(x)  # built outside the trace: its weights are made eagerly
+    traces = []
+
+    def call(x, start):
+        traces.append(start)
+        return layer(x, start_index=start)
+
+    function = jax.jit(call)
+    starts = [0, 3, 20] if kind == "learned" else [0, 3, 5000, 40]
+    outputs = [np.asarray(function(x, np.int32(s))) for s in starts]
+    assert len(traces) == 1
+    for start, output in zip(starts, outputs, strict=True):
+        eager = keras.ops.convert_to_numpy(layer(x, start_index=start))
+        # XLA may contract the split's products into FMAs: a table error apart at most.
+        np.testing.assert_allclose(output, eager, rtol=0, atol=4 * 2.5e-7 * np.abs(x).max())
+
+
+def test_trains_in_a_model():
+    inputs = keras.Input((12, 16))
+    x = kp.SinusoidalPositionalEncoding()(inputs)
+    x = kp.LearnedPositionalEmbedding(12)(x)
+    x = keras.layers.Reshape((12, 2, 8))(x)
+    x = kp.RotaryEmbedding()(x)
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(x))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    before = keras.ops.convert_to_numpy(model.layers[2].embeddings).copy()
+    history = model.fit(X, np.ones((2, 1), np.float32), epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert not np.allclose(keras.ops.convert_to_numpy(model.layers[2].embeddings), before)
+    assert model.predict(X, verbose=0).shape == (2, 1)
+
+
+@pytest.mark.parametrize(
+    "layer", ["RotaryMultiHeadAttention", "RotaryGroupQueryAttention", "DecoderBlock"]
+)
+def test_attention_layers_name_the_backend(layer):
+    with pytest.raises(NotImplementedError, match=f"TensorFlow backend only.*'{BACKEND}'"):
+        getattr(kp, layer)(num_heads=2, key_dim=8)
+
+
+def test_saved_and_loaded_as_keras_file(tmp_path):
+    inputs = keras.Input((12, 16))
+    x = kp.LearnedPositionalEmbedding(12)(kp.SinusoidalPositionalEncoding()(inputs))
+    x = keras.layers.Reshape((12, 2, 8))(x)
+    outputs = kp.RotaryEmbedding(scaling={"rope_type": "linear", "factor": 2.0})(x)
+    model = keras.Model(inputs, outputs)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(X)), keras.ops.convert_to_numpy(model(X))
+    )
+
+
+def test_sinusoidal_initializer_and_resize():
+    import reference
+
+    layer = kp.LearnedPositionalEmbedding(8, embeddings_initializer="sinusoidal")
+    zeros = np.zeros((1, 8, 16), np.float32)
+    table = keras.ops.convert_to_numpy(layer(zeros))[0]
+    np.testing.assert_allclose(table, reference.sinusoidal(np.arange(8), 16), rtol=0, atol=6e-8)
+    layer.resize(15)
+    resized = keras.ops.convert_to_numpy(layer(np.zeros((1, 15, 16), np.float32)))[0]
+    expected = reference.linear_resize(table, 15)
+    # Interpolated in float64 and rounded once to float32: half an ulp of values up to 1.
+    np.testing.assert_allclose(resized, expected, rtol=0, atol=6e-8)

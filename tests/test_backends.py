@@ -1,0 +1,56 @@
+"""The encoder layers on JAX and PyTorch give TensorFlow's results (issue #28).
+
+Each backend runs tests/backends/ in its own process (Keras picks its backend once per
+process), comparing with the float64 formula and with the TensorFlow outputs computed here
+for the same cases (tests/backends/cases.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+BACKEND_TESTS = TESTS / "backends"
+
+
+def _cases():
+    spec = importlib.util.spec_from_file_location("backend_cases", BACKEND_TESTS / "cases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tf_results(tmp_path_factory) -> Path:
+    cases = _cases()
+    path = tmp_path_factory.mktemp("backends") / "tensorflow.npz"
+    np.savez(path, **{name: cases.run(name) for name in cases.CASES})
+    return path
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_backend(backend, tf_results):
+    pytest.importorskip(backend)
+    environment = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "POSENC_TF_RESULTS": str(tf_results),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", str(BACKEND_TESTS), "-q", "-x", "-p", "no:cacheprovider"],
+        cwd=TESTS.parent,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
