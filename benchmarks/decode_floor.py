@@ -4,9 +4,9 @@ Two Llama-style sizes (width 256, 4 layers, 8 query / 2 key-value heads of 32, a
 512, 8 layers, heads of 64; SwiGLU, vocabulary 1024, cache 1024), batch 1 and 4, one
 token per row at positions ~100 and ~900. `save_decoder`'s graph (`keras_posenc`), its
 standard-op graph (`standard`: `attention="standard"`) and the reference graph of
-`gqa_reference.py`, made from the same weights, run in one process, interleaved in a
-random order per round, `intra_op_num_threads=1`, each through IOBinding with one buffer
-per layer bound as past and present.
+`gqa_reference.py`, both made from the same `Decoder` description, run in one process,
+interleaved in a random order per round, `intra_op_num_threads=1`, each through IOBinding
+with one buffer per layer bound as past and present.
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
     for name in sizes:
         keras.utils.set_random_seed(0)
         size = SIZES[name]
-        model = step_model(size)
+        decoder = describe_decoder(step_model(size), MAX_LENGTH)
         sessions = {
-            "keras_posenc": _session(decoder_onnx(describe_decoder(model, MAX_LENGTH))),
-            "reference": _session(reference_graph(model, MAX_LENGTH)),
-            "standard": _session(decoder_onnx(describe_decoder(model, MAX_LENGTH), "standard")),
+            "keras_posenc": _session(decoder_onnx(decoder)),
+            "reference": _session(reference_graph(decoder)),
+            "standard": _session(decoder_onnx(decoder, "standard")),
         }
         kv_shape = (KV_HEADS, MAX_LENGTH, size["head_dim"])
         for batch in (1, 4):

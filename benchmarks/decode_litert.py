@@ -88,8 +88,9 @@ def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
         keras.utils.set_random_seed(0)
         size = SIZES[name]
         model = step_model(size)
-        data = decoder_litert(describe_decoder(model, MAX_LENGTH))
-        gqa = _session(reference_graph(model, MAX_LENGTH))
+        decoder = describe_decoder(model, MAX_LENGTH)
+        data = decoder_litert(decoder)
+        gqa = _session(reference_graph(decoder))
         kv_shape = (KV_HEADS, MAX_LENGTH, size["head_dim"])
         for batch in (1, 4):
             for position in (100, 900):

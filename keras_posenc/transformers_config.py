@@ -17,6 +17,7 @@ from typing import Any
 
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.scaling_keys import short_repr
+from keras_posenc.transformers_attention_keys import attention_settings
 from keras_posenc.transformers_entries import (
     entry_arguments,
     mrope_arguments,
@@ -336,7 +337,11 @@ def attention_arguments(
         normalizes its queries and keys (Qwen3, OLMo 2 and 3, Gemma 3, EXAONE 4, Llama 4's
         `use_qk_norm`, ...: `transformers_norms.NORMS`) adds `query_key_norm` and
         `query_key_norm_epsilon`; one whose norm these layers lack (Gemma 4's value norm,
-        Cohere's / Phi's / StableLM's LayerNorms) is an error.
+        Cohere's / Phi's / StableLM's LayerNorms) is an error. `use_bias`, and where the
+        config sets them `sliding_window`, `use_gate` (Qwen3-Next, Qwen3.5) and `dropout`,
+        come from `transformers_attention_keys.attention_settings`, which refuses what these
+        layers do not compute (Gemma 2's soft-capping, a `query_pre_attn_scalar` other than
+        `head_dim`, GPT-OSS's sinks, ...).
 
     Example:
 
@@ -383,6 +388,7 @@ def attention_arguments(
             **_llama4_options(config, layer_type, nope, form),
         }
     options.update(query_key_norm_arguments(config, model_type, nope))
+    options.update(attention_settings(config, model_type, layer_type, layer_index, head_dim))
     if not nope and "mrope_section" in rotary:  # positions (batch, sequence, 3) at the call
         options["rope_mrope_section"] = rotary["mrope_section"]
         options["rope_mrope_interleaved"] = rotary["mrope_interleaved"]

@@ -132,10 +132,21 @@ GEMMA, FULL = "gemma_rms_per_head", ["full_attention"]
         ({"model_type": "qwen3", "rms_norm_eps": 1e-5}, ("rms_per_head", 1e-5)),
         ({"model_type": "olmo2"}, ("rms_across_heads", 1e-5)),
         ({"model_type": "olmo3", "layer_types": FULL}, ("rms_across_heads", 1e-5)),
-        ({"model_type": "gemma3_text", "layer_types": FULL}, (GEMMA, 1e-6)),
+        # (query_pre_attn_scalar = head_dim: the scale these layers have)
+        (
+            {"model_type": "gemma3_text", "layer_types": FULL, "query_pre_attn_scalar": 16},
+            (GEMMA, 1e-6),
+        ),
         # Gemma 3's multimodal config.json: the language model's keys under text_config.
         (
-            {"model_type": "gemma3", "text_config": {"rms_norm_eps": 1e-5, "layer_types": FULL}},
+            {
+                "model_type": "gemma3",
+                "text_config": {
+                    "rms_norm_eps": 1e-5,
+                    "layer_types": FULL,
+                    "query_pre_attn_scalar": 16,
+                },
+            },
             ("gemma_rms_per_head", 1e-5),
         ),
         ({"model_type": "exaone4"}, ("rms_per_head", 1e-5)),

@@ -402,6 +402,7 @@ def test_attention_arguments():
         "rope_layout": "half",
         "rope_dim": None,
         "rope_scaling": LLAMA31["rope_scaling"],
+        "use_bias": False,  # attention_bias (false by default)
     }
     assert attention_arguments(GEMMA3, "sliding_attention")["num_key_value_heads"] == 4
     mha = attention_arguments(GPTJ, form="mha")
@@ -412,6 +413,7 @@ def test_attention_arguments():
         "rope_layout": "interleaved",
         "rope_dim": 64,
         "rope_scaling": None,
+        "use_bias": False,  # GPT-J's projections have none
     }
     layer = RotaryMultiHeadAttention(**attention_arguments(PYTHIA, form="mha"))
     rope = layer.rotary_embedding

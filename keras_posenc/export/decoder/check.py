@@ -2,7 +2,10 @@
 
 Two cases: batch 1 without padding, and a batch of 4 prompts padded on the left by 0, 1,
 2 and 3 tokens; each runs a prompt of `PROMPT` tokens in one call, then `STEPS` single
-tokens (fewer where the cache has fewer slots), every runtime fed its own argmax. Passed:
+tokens (fewer where the cache has fewer slots), every runtime fed its own argmax. They
+end at position `PROMPT + STEPS - 1` (71); a decoder with a sliding window below
+`max_length` gets a third case that goes past its widest window (`long_case`), so a
+wrong window is seen by the queries it hides keys from. Passed:
 the tokens are identical, and every logit of the prompt's real tokens and of every step
 is within `atol + rtol·|Keras|` (atol 1e-5, rtol 1e-4: optimum's and transformers' ONNX
 validation). A failure names the case, the step and the row of the worst logit, or of
@@ -16,21 +19,54 @@ import numpy as np
 ATOL, RTOL = 1e-5, 1e-4
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
+# The long case: batch 2 (one row padded by 3), LONG_STEPS single tokens after a prompt
+# that passes the window; to the cache's end where it has at most CHEAP_LENGTH slots,
+# else LONG_PAST tokens past the window (a prompt of 4096 tokens costs one call).
+LONG_PADS, LONG_STEPS, LONG_PAST, CHEAP_LENGTH = (0, 3), 8, 24, 256
 
 
-def decoder_cases(vocabulary: int, max_length: int, seed: int = 0) -> list[dict]:
-    """`[{"name", "prompts", "mask", "steps"}]`: batch 1, and batch 4 left-padded."""
+def _padded(rng, vocabulary: int, pads, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random prompts `(len(pads), length)` with row `r` padded on the left by `pads[r]`."""
+    prompts = rng.integers(1, vocabulary, (len(pads), length)).astype(np.int64)
+    mask = np.ones_like(prompts)
+    for row, pad in enumerate(pads):
+        prompts[row, :pad], mask[row, :pad] = 0, 0
+    return prompts, mask
+
+
+def long_case(rng, vocabulary: int, max_length: int, window: int) -> dict:
+    """The case past `window` (see the constants above): its unpadded row's last token
+    at position `last_position`, every row's prompt longer than `window` where the
+    cache has the room."""
+    end = max_length if max_length <= CHEAP_LENGTH else min(max_length, window + LONG_PAST)
+    steps = min(LONG_STEPS, end - PROMPT)
+    prompts, mask = _padded(rng, vocabulary, LONG_PADS, end - steps)
+    name = f"batch 2 past the window of {window} (one row left-padded)"
+    return {"name": name, "prompts": prompts, "mask": mask, "steps": steps}
+
+
+def widest_window(decoder) -> int | None:
+    """The widest sliding window of `decoder` (a `Decoder`), or None: the description keeps
+    only windows narrower than its `max_length`."""
+    windows = [block.attention.window for block in decoder.blocks]
+    return max((w for w in windows if w is not None), default=None)
+
+
+def decoder_cases(
+    vocabulary: int, max_length: int, seed: int = 0, window: int | None = None
+) -> list[dict]:
+    """`[{"name", "prompts", "mask", "steps"}]`: batch 1, and batch 4 left-padded; with a
+    `window` below `max_length`, the case past it (`long_case`)."""
     if max_length < PROMPT + 1:
         raise ValueError(f"Verification needs max_length >= {PROMPT + 1}, got {max_length}.")
     rng = np.random.default_rng(seed)
     steps = min(STEPS, max_length - PROMPT)
     cases = []
     for name, pads in (("batch 1", (0,)), ("batch 4 left-padded", PADS)):
-        prompts = rng.integers(1, vocabulary, (len(pads), PROMPT)).astype(np.int64)
-        mask = np.ones_like(prompts)
-        for row, pad in enumerate(pads):
-            prompts[row, :pad], mask[row, :pad] = 0, 0
+        prompts, mask = _padded(rng, vocabulary, pads, PROMPT)
         cases.append({"name": name, "prompts": prompts, "mask": mask, "steps": steps})
+    if window is not None and window < max_length:
+        cases.append(long_case(rng, vocabulary, max_length, window))
     return cases
 
 
@@ -105,19 +141,25 @@ def failure_message(report: dict) -> str | None:
 
 
 def verify_decoder(
-    step_model, runtimes: dict, max_length: int, vocabulary: int, reference=None
+    step_model,
+    runtimes: dict,
+    max_length: int,
+    vocabulary: int,
+    reference=None,
+    window: int | None = None,
 ) -> dict:
     """Runs every case in Keras and in each of `runtimes` (`name -> greedy(prompts, mask,
     steps) -> (tokens, logits)`); returns the report (see `failure_message`). `reference`,
     a greedy function of the same form, replaces the step model's (`keras_greedy`) as what
-    the runtimes must match (a keras_hub CausalLM's own generation)."""
+    the runtimes must match (a keras_hub CausalLM's own generation); `window`, the
+    decoder's widest sliding window (`widest_window`), adds the case past it."""
     from keras_posenc.export.decoder.greedy import keras_greedy
 
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)  # noqa: E731
 
     report = {"tolerance": {"atol": ATOL, "rtol": RTOL}, "cases": []}
-    for case in decoder_cases(vocabulary, max_length):
+    for case in decoder_cases(vocabulary, max_length, window=window):
         prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
         expected = reference(prompts, mask, steps)
         results = {
@@ -125,7 +167,13 @@ def verify_decoder(
             for name, run in runtimes.items()
         }
         report["cases"].append(
-            {"name": case["name"], "batch": len(prompts), "steps": steps, "runtimes": results}
+            {
+                "name": case["name"],
+                "batch": len(prompts),
+                "steps": steps,
+                "last_position": prompts.shape[1] + steps - 1,
+                "runtimes": results,
+            }
         )
     report["passed"] = failure_message(report) is None
     return report

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from keras_posenc.export.decoder.check import failure_message, verify_decoder
+from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
 from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
@@ -121,6 +121,7 @@ def save_decoder(
                 min(max_length, slots),
                 decoder.vocabulary,
                 reference,
+                widest_window(decoder),
             )
             report["attention"] = attention
             report["formats"] = list(formats)
