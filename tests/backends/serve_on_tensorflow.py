@@ -31,6 +31,12 @@ def main(folder: Path) -> dict:
             got = keras.ops.convert_to_numpy(model(jax_outputs[name]))
             differences[name] = float(np.max(np.abs(got - expected)))
             sizes[name] = float(np.max(np.abs(expected)))
+    # Keras's `model.export(format="tf_saved_model")` from JAX, reloaded here.
+    import tensorflow as tf
+
+    served = tf.saved_model.load(str(folder / "keras_export"))
+    tokens = jax_outputs["tokens_16"]
+    keras_export = float(np.max(np.abs(served.serve(tokens).numpy() - jax_outputs["logits_16"])))
     artifacts = folder / "artifacts"
     artifacts.mkdir()
     save_saved_model(model, artifacts / "saved_model")
@@ -49,6 +55,7 @@ def main(folder: Path) -> dict:
     return {
         "max_abs_difference": differences,
         "max_abs_output": sizes,
+        "keras_export_max_abs_difference": keras_export,
         "summary": report["summary"],
         "passed": report["passed"],
     }

@@ -166,5 +166,13 @@ def test_save_for_tensorflow(runs):
         f"tokens_{length}": rng.integers(0, tiny_encoder.VOCABULARY, (3, length)).astype("int32")
         for length in (5, tiny_encoder.LENGTH, tiny_encoder.MAX_LENGTH)
     }
-    outputs = {name.replace("tokens", "logits"): np.asarray(model(x)) for name, x in probes.items()}
+    # One compiled call per length (eager JAX compiles each op per shape: slower).
+    forward = jax.jit(lambda tokens: model(tokens))
+    outputs = {
+        name.replace("tokens", "logits"): np.asarray(forward(x)) for name, x in probes.items()
+    }
     np.savez(Path(folder) / "jax_outputs.npz", **probes, **outputs)
+    # Keras's own export from JAX (jax2tf): a dynamic batch works, a dynamic sequence axis
+    # does not (docs/backends.md), so the signature fixes the length.
+    signature = [keras.InputSpec(shape=(None, tiny_encoder.LENGTH), dtype="int32")]
+    model.export(Path(folder) / "keras_export", format="tf_saved_model", input_signature=signature)
