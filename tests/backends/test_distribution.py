@@ -14,6 +14,7 @@ a probe, for the TensorFlow process to load and export (`serve_on_tensorflow.py`
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _model_parallel() -> keras.distribution.ModelParallel:
 def _train(distribution, initial=None) -> dict:
     tokens, labels = tiny_encoder.data()
     keras.utils.set_random_seed(7)
-    scope = distribution.scope() if distribution is not None else _no_scope()
+    scope = distribution.scope() if distribution is not None else contextlib.nullcontext()
     with scope:
         model = tiny_encoder.build()
         if initial is not None:
@@ -79,14 +80,6 @@ def _train(distribution, initial=None) -> dict:
         "losses": history.history["loss"],
         "weights": [np.asarray(w) for w in model.weights],
     }
-
-
-class _no_scope:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.fixture(scope="module")
