@@ -95,6 +95,8 @@ def runs() -> dict:
 
 def test_one_device_trains(runs):
     one = runs["one"]
+    # No distribution: every weight on one device, though 8 are there.
+    assert all(len(v.value.devices()) == 1 for v in one["model"].weights)
     assert one["losses"][-1] < 0.95 * one["losses"][0]
     change = max(np.max(np.abs(a - b)) for a, b in zip(one["start"], one["weights"], strict=True))
     # Equality within TOLERANCE means something only if training moves the weights more.
