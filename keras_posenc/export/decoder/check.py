@@ -8,8 +8,9 @@ end at position `PROMPT + STEPS - 1` (71); a decoder with a sliding window below
 wrong window is seen by the queries it hides keys from. Passed:
 the tokens are identical, and every logit of the prompt's real tokens and of every step
 is within `atol + rtol·rms(Keras row)` (atol 1e-5, rtol 1e-4: optimum's and transformers'
-ONNX validation, with the relative part taken of the row's RMS, see `row_scale`). A failure names the case, the step and the row of the worst logit, or of
-the first different token.
+ONNX validation, with the relative part taken of the row's RMS, see `row_scale`). A
+failure names the case, the step and the row of the worst logit, or of the first different
+token.
 """
 
 from __future__ import annotations
