@@ -401,6 +401,10 @@ def swap_by_concat(x) -> bool:
         return False
     import jax
 
+    if not all(isinstance(size, int) for size in x.shape):
+        # A symbolic size (`jax.export`, as Keras's `model.export` traces): the flip form,
+        # which serves every size.
+        return False
     size = int(np.prod(x.shape)) * np.dtype(dtype_name(x)).itemsize
     return jax.default_backend() == "cpu" and size <= XLA_CPU_CONCAT_SWAP_BYTES
 

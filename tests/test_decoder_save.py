@@ -165,3 +165,21 @@ def test_a_bfloat16_model_is_exported_and_verified_as_its_float32_copy(tmp_path)
     assert report["passed"]
     with pytest.raises(ExportError, match="bfloat16"):
         save_decoder(model, tmp_path / "other", max_length=MAX_LENGTH, bfloat16="error")
+
+
+def test_a_logits_tolerance_is_relative_to_its_rows_scale_not_to_itself():
+    # A logit's float32 error comes from its row's hidden state and the head, so a logit
+    # near 0 carries the error of its row's large ones: 4e-5 on a logit of 1e-3 in a row
+    # of RMS 2 is float32 noise, and 1e-3 is not.
+    mask = np.ones((1, 2), np.int64)
+    row = np.array([3.0, -2.0, 1e-3, 2.0], np.float32)
+    expected_logits = [np.stack([row, row])[None], row[None]]
+    expected = (np.zeros((1, 2), np.int32), expected_logits)
+
+    def shifted(by: float):
+        got = [logits.copy() for logits in expected_logits]
+        got[1][0, 2] += by
+        return np.zeros((1, 2), np.int32), got
+
+    assert check.compare_greedy(expected, shifted(4e-5), mask)["passed"]
+    assert not check.compare_greedy(expected, shifted(1e-3), mask)["passed"]

@@ -109,6 +109,26 @@ def test_jit_compiles_once_per_shape(kind):
         np.testing.assert_allclose(output, eager, rtol=0, atol=4 * 2.5e-7 * np.abs(x).max())
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.export")
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
+def test_exports_with_a_symbolic_batch(kind):
+    """`jax.export` with a symbolic batch, as Keras's `model.export` from JAX traces (jax2tf):
+    a layer must not need the batch size as a number."""
+    import jax
+    from jax import export
+
+    layer, x = _layers()[kind]
+    layer(x)
+    dims = ", ".join(["batch"] + [str(size) for size in x.shape[1:]])
+    spec = jax.ShapeDtypeStruct(export.symbolic_shape(dims), x.dtype)
+    exported = export.export(jax.jit(lambda v: layer(v)))(spec)
+    for batch in (1, 2):
+        eager = keras.ops.convert_to_numpy(layer(x[:batch]))
+        # XLA may fuse the rotation into FMAs: one rounding of values of size |x| apart.
+        atol = 4 * 2.5e-7 * np.abs(x).max()
+        np.testing.assert_allclose(np.asarray(exported.call(x[:batch])), eager, rtol=0, atol=atol)
+
+
 def test_trains_in_a_model():
     inputs = keras.Input((12, 16))
     x = kp.SinusoidalPositionalEncoding()(inputs)

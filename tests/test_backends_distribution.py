@@ -1,0 +1,94 @@
+"""Train on JAX (one device and 8 with keras.distribution), serve from TensorFlow (issue #28).
+
+Two fresh processes: tests/backends/test_distribution.py under `KERAS_BACKEND=jax` with 8
+virtual CPU devices (`XLA_FLAGS` must be set before JAX starts, hence a process of its
+own) trains the tiny RoPE encoder of tests/backends/tiny_encoder.py on one device, with
+`DataParallel` and with `ModelParallel`, and saves the ModelParallel model as `.keras`; then
+tests/backends/serve_on_tensorflow.py under `KERAS_BACKEND=tensorflow` loads that file,
+compares its outputs with JAX's and exports it with `keras_posenc.export`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+BACKEND_TESTS = TESTS / "backends"
+# Keras under TensorFlow against Keras under JAX on the same weights and tokens: the same
+# formula with other kernels (XLA:CPU vs Eigen), so only float32 summation order and
+# exp/softmax rounding differ. About ten reductions of <= 32 terms in sequence, each
+# within gamma_32 ~ 1.9e-6 of the magnitudes it sums: 2e-5 of the output scale bounds it
+# (measured: 6e-8 on logits of size 0.6). Another position row or a lost weight is 1e-2.
+RELATIVE_TOLERANCE = 2e-5
+
+
+def _environment(**variables: str) -> dict:
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+        **variables,
+    }
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    pytest.importorskip("jax")
+    folder = tmp_path_factory.mktemp("trained_on_jax")
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", str(BACKEND_TESTS / "test_distribution.py")]
+        + ["-q", "-p", "no:cacheprovider", "-rs"],
+        cwd=TESTS.parent,
+        env=_environment(
+            KERAS_BACKEND="jax",
+            XLA_FLAGS=flags.strip(),
+            POSENC_DISTRIBUTION="1",
+            POSENC_SERVE_DIR=str(folder),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return run, folder
+
+
+def test_keras_distribution_on_jax_trains_as_one_device(jax_run):
+    run, _ = jax_run
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    # Every test ran (the module skips itself unless this run set POSENC_DISTRIBUTION).
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-3000:]
+
+
+def test_trained_on_jax_loads_and_exports_under_tensorflow(jax_run):
+    _, folder = jax_run
+    if not (folder / "jax_outputs.npz").exists():
+        pytest.fail("the JAX run saved no model (see the test above)")
+    run = subprocess.run(
+        [sys.executable, str(BACKEND_TESTS / "serve_on_tensorflow.py"), str(folder)],
+        cwd=BACKEND_TESTS,
+        env=_environment(KERAS_BACKEND="tensorflow"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-6000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    print(json.dumps(result, indent=1))
+    assert set(result["max_abs_difference"]) == {"tokens_5", "tokens_16", "tokens_32"}
+    for name, difference in result["max_abs_difference"].items():
+        scale = max(1.0, result["max_abs_output"][name])
+        assert difference <= RELATIVE_TOLERANCE * scale, (name, difference)
+    # Keras's own export from JAX (a SavedModel through jax2tf): XLA in both processes.
+    scale = max(1.0, result["max_abs_output"]["tokens_16"])
+    assert result["keras_export_max_abs_difference"] <= RELATIVE_TOLERANCE * scale
+    assert result["passed"], result["summary"]
+    for runtime in ("saved_model", "onnxruntime", "litert"):
+        assert result["summary"][runtime]["passed"], runtime
