@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from attention_parity import ATOL, SIZES, cached_outputs, copy_weights, transformers_side
 
-from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention, _tf
+from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
 from keras_posenc.transformers_attention_keys import _BIAS
 from keras_posenc.transformers_config import FAMILIES, attention_arguments
 
@@ -21,19 +22,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 LENGTH, PREFILL, WINDOW = 8, 5, 3  # the window is shorter than the prefill and the sequence
-SIZES = {
-    "vocab_size": 64,
-    "hidden_size": 64,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-}
-# Float32 attention of unit-sized inputs, weights of std 0.3 (as test_query_key_norm_parity):
-# outputs of order 1, summed over 64 channels twice; 1e-5 is a few ulps of the largest.
-ATOL = 1e-5
 CASES = {
     "mistral": {"num_hidden_layers": 1, "sliding_window": WINDOW},
     # Layer 0 full, layer 1 sliding (i >= max_window_layers); q/k/v biases always.
@@ -72,97 +60,10 @@ READ = {
 }
 
 
-def _transformers_side(model_type: str):
-    """`(raw config, {layer index: (attention module, input, output)})` of a tiny model."""
-    raw = {"model_type": model_type, **SIZES, **CASES[model_type]}
-    config = transformers.AutoConfig.for_model(**raw)
-    torch.manual_seed(0)
-    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
-    generator = torch.Generator().manual_seed(1)
-    seen, hooks = {}, []
-    for index, layer in enumerate(model.layers):
-        attention = layer.self_attn
-        with torch.no_grad():
-            for name, weight in attention.named_parameters():
-                if "norm" in name:  # away from 1 (or 0): a missing scale shows
-                    weight.copy_(torch.rand(weight.shape, generator=generator) + 0.5)
-                else:  # biases too: a dropped bias shows
-                    weight.copy_(torch.randn(weight.shape, generator=generator) * 0.3)
-
-        def hook(module, args, kwargs, output, index=index):
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            seen[index] = (module, hidden.detach().numpy(), output[0].detach().numpy())
-
-        hooks.append(attention.register_forward_hook(hook, with_kwargs=True))
-    ids = torch.tensor(np.random.default_rng(0).integers(1, 64, (2, LENGTH)))
-    with torch.no_grad():
-        model(input_ids=ids)
-    for hook in hooks:
-        hook.remove()
-    return raw, seen
-
-
-def _copied(layer, module, x: np.ndarray) -> None:
-    """Gives `layer` (built on `x`) the weights of transformers' attention `module`.
-
-    Qwen3-Next's q_proj holds per head the queries then the gate; a projection without a
-    bias in transformers gets a zero one here.
-    """
-    layer(x[:, :1], x[:, :1])
-    heads, kv_heads, head_dim = layer.num_query_heads, layer.num_key_value_heads, layer.head_dim
-    width = x.shape[-1]
-
-    def weights(name, count, rows):
-        linear = getattr(module, name)
-        kernel = linear.weight.detach().numpy().reshape(count, rows, width)
-        bias = linear.bias
-        bias = np.zeros((count, rows)) if bias is None else bias.detach().numpy()
-        return kernel, bias.reshape(count, rows)
-
-    gated = layer._uses_gate()
-    query, query_bias = weights("q_proj", heads, head_dim * (2 if gated else 1))
-    parts = {
-        "query_dense": (query[:, :head_dim], query_bias[:, :head_dim]),
-        "key_dense": weights("k_proj", kv_heads, head_dim),
-        "value_dense": weights("v_proj", kv_heads, head_dim),
-    }
-    if gated:
-        parts["gate_dense"] = (query[:, head_dim:], query_bias[:, head_dim:])
-    for part, (kernel, bias) in parts.items():
-        dense = _tf.attention_part(layer, part)
-        dense.kernel.assign(kernel.transpose(2, 0, 1))
-        if dense.bias is not None:
-            dense.bias.assign(bias)
-        else:
-            assert not bias.any(), part
-    output = _tf.attention_part(layer, "output_dense")
-    output.kernel.assign(module.o_proj.weight.detach().numpy().T.reshape(heads, head_dim, width))
-    if output.bias is not None:
-        bias = module.o_proj.bias
-        output.bias.assign(np.zeros(width) if bias is None else bias.detach().numpy())
-    for role, name in (("query", "q_norm"), ("key", "k_norm")):
-        norm = getattr(layer, f"{role}_norm", None)
-        if norm is not None and norm.scale is not None:
-            weight = getattr(module, name).weight.detach().numpy()
-            norm.scale.assign(weight.reshape(tuple(norm.scale.shape)))
-
-
-def _cached(layer, x: np.ndarray) -> np.ndarray:
-    kv_heads, head_dim = layer.num_key_value_heads, layer.head_dim
-    cache = np.zeros((x.shape[0], 2, LENGTH, kv_heads, head_dim), np.float32)
-    outputs = []
-    for start, stop in ((0, PREFILL), *((i, i + 1) for i in range(PREFILL, LENGTH))):
-        step = x[:, start:stop]
-        output, cache = layer(
-            step, step, use_causal_mask=True, cache=cache, cache_update_index=start
-        )
-        outputs.append(np.asarray(output))
-    return np.concatenate(outputs, axis=1)
-
-
 @pytest.fixture(scope="module", params=sorted(CASES))
 def side(request):
-    return _transformers_side(request.param)
+    raw = {"model_type": request.param, **SIZES, **CASES[request.param]}
+    return raw, transformers_side(raw, LENGTH)
 
 
 def test_the_keys_are_read(side):
@@ -179,10 +80,10 @@ def test_attention_equals_transformers(side):
     assert seen, "the model ran no attention"
     for index, (module, x, expected) in seen.items():
         layer = RotaryGroupQueryAttention.from_transformers_config(raw, layer_index=index)
-        _copied(layer, module, x)
+        copy_weights(layer, module, x)
         output = np.asarray(layer(x, x, use_causal_mask=True))
         np.testing.assert_allclose(output, expected, rtol=0, atol=ATOL, err_msg=str(index))
-        np.testing.assert_allclose(_cached(layer, x), expected, rtol=0, atol=ATOL)
+        np.testing.assert_allclose(cached_outputs(layer, x, PREFILL), expected, rtol=0, atol=ATOL)
 
 
 def test_without_the_window_the_attention_differs(side):
@@ -194,7 +95,7 @@ def test_without_the_window_the_attention_differs(side):
         layer = RotaryGroupQueryAttention.from_transformers_config(
             raw, layer_index=index, sliding_window=None
         )
-        _copied(layer, module, x)
+        copy_weights(layer, module, x)
         difference = np.abs(np.asarray(layer(x, x, use_causal_mask=True)) - expected).max()
         assert difference > 1e-3, (raw["model_type"], index, difference)
 

@@ -1,0 +1,133 @@
+"""Running transformers' attention modules beside the package's attention layers.
+
+A tiny random transformers model (`transformers_side`) runs once with a forward hook on each
+decoder layer's attention, which keeps its input and output; `copy_weights` gives a
+`RotaryGroupQueryAttention` that module's weights; `cached_outputs` runs the layer as a
+decode does (a prefill, then one token at a time). A causal attention's row j is the same
+whichever way it is computed, so both must equal transformers' output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keras_posenc import _tf
+
+SIZES = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+}
+# Float32 attention of unit-sized inputs with weights of std 0.3: outputs of order 1, summed
+# over 64 channels twice; 1e-5 is a few ulps of the largest output, not a fitted number.
+ATOL = 1e-5
+_NORMS = {
+    "query": ("q_norm", "q_layernorm", "query_layernorm"),
+    "key": ("k_norm", "k_layernorm", "key_layernorm"),
+}
+
+
+def transformers_side(raw: dict, length: int):
+    """`{layer index: (attention module, input, output)}` of a tiny model of config `raw`.
+
+    Every attention weight is redrawn: norms' scales away from 1 (or 0) and biases nonzero,
+    so a missing scale or bias shows. Layers without attention (LFM2's convolutions) are
+    left out.
+    """
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**raw)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").eval()
+    generator = torch.Generator().manual_seed(1)
+    seen, hooks = {}, []
+    for index, layer in enumerate(model.layers):
+        attention = getattr(layer, "self_attn", None)
+        if attention is None:
+            continue
+        with torch.no_grad():
+            for name, weight in attention.named_parameters():
+                if "norm" in name:
+                    weight.copy_(torch.rand(weight.shape, generator=generator) + 0.5)
+                else:
+                    weight.copy_(torch.randn(weight.shape, generator=generator) * 0.3)
+
+        def hook(module, args, kwargs, output, index=index):
+            hidden = kwargs.get("hidden_states", args[0] if args else None)
+            seen[index] = (module, hidden.detach().numpy(), output[0].detach().numpy())
+
+        hooks.append(attention.register_forward_hook(hook, with_kwargs=True))
+    ids = torch.tensor(np.random.default_rng(0).integers(1, 64, (2, length)))
+    with torch.no_grad():
+        model(input_ids=ids)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def copy_weights(layer, module, x: np.ndarray) -> None:
+    """Gives `layer` (built here on `x`) the weights of transformers' attention `module`.
+
+    Qwen3-Next's q_proj holds per head the queries then the gate; a projection without a
+    bias in transformers gets a zero one here (Keras's `use_bias` is all four or none).
+    """
+    layer(x[:, :1], x[:, :1])
+    heads, kv_heads, head_dim = layer.num_query_heads, layer.num_key_value_heads, layer.head_dim
+    width = x.shape[-1]
+
+    def weights(name, count, rows):
+        linear = getattr(module, name)
+        kernel = linear.weight.detach().numpy().reshape(count, rows, width)
+        bias = linear.bias
+        bias = np.zeros((count, rows)) if bias is None else bias.detach().numpy()
+        return kernel, bias.reshape(count, rows)
+
+    gated = layer._uses_gate()
+    query, query_bias = weights("q_proj", heads, head_dim * (2 if gated else 1))
+    parts = {
+        "query_dense": (query[:, :head_dim], query_bias[:, :head_dim]),
+        "key_dense": weights("k_proj", kv_heads, head_dim),
+        "value_dense": weights("v_proj", kv_heads, head_dim),
+    }
+    if gated:
+        parts["gate_dense"] = (query[:, head_dim:], query_bias[:, head_dim:])
+    for part, (kernel, bias) in parts.items():
+        dense = _tf.attention_part(layer, part)
+        dense.kernel.assign(kernel.transpose(2, 0, 1))
+        if dense.bias is not None:
+            dense.bias.assign(bias)
+        else:
+            assert not bias.any(), part
+    projection = getattr(module, "o_proj", None) or module.out_proj
+    output = _tf.attention_part(layer, "output_dense")
+    output.kernel.assign(projection.weight.detach().numpy().T.reshape(heads, head_dim, width))
+    if output.bias is not None:
+        bias = projection.bias
+        output.bias.assign(np.zeros(width) if bias is None else bias.detach().numpy())
+    for role, names in _NORMS.items():
+        norm = getattr(layer, f"{role}_norm", None)
+        if norm is not None and norm.scale is not None:
+            source = next(getattr(module, n) for n in names if hasattr(module, n))
+            weight = source.weight.detach().numpy()
+            norm.scale.assign(weight.reshape(tuple(norm.scale.shape)))
+
+
+def cached_outputs(layer, x: np.ndarray, prefill: int) -> np.ndarray:
+    """`layer`'s outputs on `x` from a cache: `prefill` tokens in one call, then one by one."""
+    length = x.shape[1]
+    kv_heads, head_dim = layer.num_key_value_heads, layer.head_dim
+    cache = np.zeros((x.shape[0], 2, length, kv_heads, head_dim), np.float32)
+    outputs = []
+    for start, stop in ((0, prefill), *((i, i + 1) for i in range(prefill, length))):
+        step = x[:, start:stop]
+        output, cache = layer(
+            step, step, use_causal_mask=True, cache=cache, cache_update_index=start
+        )
+        outputs.append(np.asarray(output))
+    return np.concatenate(outputs, axis=1)
