@@ -18,18 +18,29 @@ from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub.common import array, rms_norm
 
 
-def _kernel(layer, owner: str) -> np.ndarray:
+def kernel(layer, owner: str) -> np.ndarray:
+    """A bias-free Dense or EinsumDense kernel of a Gemma block (a bias is refused)."""
     if getattr(layer, "bias", None) is not None:
         raise ExportError(f"{owner}: a bias in {layer.name!r} is not exported.")
     return array(layer.kernel)
 
 
+def geglu_mlp(layer, owner: str) -> Mlp:
+    """The GeGLU MLP every Gemma block has, under the same names (Gemma 1 to 4)."""
+    return Mlp(
+        kind="geglu",
+        gate=kernel(layer.gating_ffw, owner),
+        up=kernel(layer.gating_ffw_2, owner),
+        down=kernel(layer.ffw_linear, owner),
+    )
+
+
 def _attention(layer, max_length: int, owner: str) -> Attention:
     if getattr(layer, "use_bidirectional_attention", False):
         raise ExportError(f"{owner}: bidirectional attention (an embedder) does not decode.")
-    query = _kernel(layer.query_dense, owner)  # (heads, width, head_dim)
-    key = _kernel(layer.key_dense, owner)
-    value = _kernel(layer.value_dense, owner)
+    query = kernel(layer.query_dense, owner)  # (heads, width, head_dim)
+    key = kernel(layer.key_dense, owner)
+    value = kernel(layer.value_dense, owner)
     heads, width, head_dim = query.shape
     kv_heads = key.shape[0]
     if layer.query_head_dim_normalize:
@@ -46,7 +57,7 @@ def _attention(layer, max_length: int, owner: str) -> Attention:
         query=query.transpose(1, 0, 2).reshape(width, heads * head_dim),
         key=key.transpose(1, 0, 2).reshape(width, kv_heads * head_dim),
         value=value.transpose(1, 0, 2).reshape(width, kv_heads * head_dim),
-        output=_kernel(layer.output_dense, owner).reshape(heads * head_dim, width),
+        output=kernel(layer.output_dense, owner).reshape(heads * head_dim, width),
         query_norm=rms_norm(layer.query_norm, owner) if use_norms else None,
         key_norm=rms_norm(layer.key_norm, owner) if use_norms else None,
         window=None if window is None or window >= max_length else int(window),
@@ -65,12 +76,7 @@ def gemma_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
             "differ. Set it to True to export what keras_hub computes."
         )
     attention = _attention(layer.attention, max_length, owner)
-    mlp = Mlp(
-        kind="geglu",
-        gate=_kernel(layer.gating_ffw, owner),
-        up=_kernel(layer.gating_ffw_2, owner),
-        down=_kernel(layer.ffw_linear, owner),
-    )
+    mlp = geglu_mlp(layer, owner)
     block = Block(
         rms_norm(layer.pre_attention_norm, owner),
         attention,

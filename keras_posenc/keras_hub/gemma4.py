@@ -27,19 +27,13 @@ import numpy as np
 from keras_posenc.export.decoder.description import (
     Attention,
     Block,
-    Mlp,
     PerLayerGate,
     PerLayerInputs,
 )
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub.common import array, rms_norm, unscaled_norm
+from keras_posenc.keras_hub.gemma import geglu_mlp, kernel
 from keras_posenc.keras_hub.rope import ProportionalRotary
-
-
-def _kernel(layer, owner: str) -> np.ndarray:
-    if getattr(layer, "bias", None) is not None:
-        raise ExportError(f"{owner}: a bias in {layer.name!r} is not exported.")
-    return array(layer.kernel)
 
 
 def _refuse_unexported(layer, owner: str) -> None:
@@ -62,7 +56,7 @@ def _refuse_unexported(layer, owner: str) -> None:
 
 
 def _attention(layer, block, max_length: int, owner: str) -> tuple[Attention, ProportionalRotary]:
-    query = _kernel(layer.query_dense, owner)  # (heads, width, head_dim)
+    query = kernel(layer.query_dense, owner)  # (heads, width, head_dim)
     heads, width, head_dim = query.shape
     kv_heads = layer.effective_num_kv_heads
     window = layer.sliding_window_size if layer.use_sliding_window_attention else None
@@ -70,9 +64,9 @@ def _attention(layer, block, max_length: int, owner: str) -> tuple[Attention, Pr
         empty = np.zeros((width, 0), np.float32)
         own = dict(key=empty, value=empty, kv_source=int(block.kv_shared_layer_index))
     else:
-        key = _kernel(layer.key_dense, owner)
+        key = kernel(layer.key_dense, owner)
         # K = V: the value is the key's projection (before the key norm), normed as a value.
-        value = key if layer.attention_k_eq_v else _kernel(layer.value_dense, owner)
+        value = key if layer.attention_k_eq_v else kernel(layer.value_dense, owner)
         own = dict(
             key=key.transpose(1, 0, 2).reshape(width, kv_heads * head_dim),
             value=value.transpose(1, 0, 2).reshape(width, kv_heads * head_dim),
@@ -85,7 +79,7 @@ def _attention(layer, block, max_length: int, owner: str) -> tuple[Attention, Pr
         head_dim=head_dim,
         scale=1.0,  # keras_hub's `query_normalization`
         query=query.transpose(1, 0, 2).reshape(width, heads * head_dim),
-        output=_kernel(layer.output_dense, owner).reshape(heads * head_dim, width),
+        output=kernel(layer.output_dense, owner).reshape(heads * head_dim, width),
         query_norm=rms_norm(layer.query_norm, owner),
         window=None if window is None or window >= max_length else int(window),
         softcap=float(layer.logit_soft_cap or 0.0),
@@ -98,8 +92,8 @@ def _per_layer_gate(layer, owner: str) -> PerLayerGate | None:
     if not layer.hidden_size_per_layer_input:
         return None
     return PerLayerGate(
-        gate=_kernel(layer.per_layer_input_gate, owner),
-        up=_kernel(layer.per_layer_up_proj, owner),
+        gate=kernel(layer.per_layer_input_gate, owner),
+        up=kernel(layer.per_layer_up_proj, owner),
         norm=rms_norm(layer.post_per_layer_input_norm, owner),
     )
 
@@ -113,7 +107,7 @@ def gemma4_per_layer_inputs(backbone, owner: str) -> PerLayerInputs | None:
     return PerLayerInputs(
         embedding=array(backbone.per_layer_token_embedding.embeddings),
         embedding_scale=float(np.float32(float(width) ** 0.5)),
-        projection=_kernel(backbone.per_layer_model_projection, owner),
+        projection=kernel(backbone.per_layer_model_projection, owner),
         projection_scale=float(np.float32(float(backbone.hidden_dim) ** -0.5)),
         norm=rms_norm(backbone.per_layer_projection_norm, owner),
         combine_scale=float(np.float32(2.0**-0.5)),
@@ -124,12 +118,7 @@ def gemma4_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
     """`(Block, its RoPE)` of a Gemma 4 text decoder block (see the module docstring)."""
     _refuse_unexported(layer, owner)
     attention, rotary = _attention(layer.attention, layer, max_length, owner)
-    mlp = Mlp(
-        kind="geglu",
-        gate=_kernel(layer.gating_ffw, owner),
-        up=_kernel(layer.gating_ffw_2, owner),
-        down=_kernel(layer.ffw_linear, owner),
-    )
+    mlp = geglu_mlp(layer, owner)
     block = Block(
         rms_norm(layer.pre_attention_norm, owner),
         attention,
