@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import settings  # noqa: E402
+from position_kinds import POSITION_KINDS  # noqa: E402
 
 # Few examples, no deadline: each example runs TensorFlow ops on a shared 2-core machine.
 settings.register_profile("keras_posenc", max_examples=20, deadline=None, derandomize=True)
@@ -79,10 +80,6 @@ def graph_summary(concrete_function) -> tuple[set[str], set[tf.dtypes.DType]]:
 def traced_graph():
     """`traced_graph(concrete_function)` -> `(op types, dtypes)` over the graph and its library."""
     return graph_summary
-
-
-# How a call names its positions; every layer takes all of these.
-POSITION_KINDS = ("default", "start_index", "far_start_index", "positions_1d", "positions_2d")
 
 
 @dataclasses.dataclass(frozen=True)

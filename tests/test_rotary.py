@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
-from conftest import POSITION_KINDS
 from hypothesis import given
 from hypothesis import strategies as st
+from position_kinds import POSITION_KINDS
 
 from keras_posenc import RotaryEmbedding, _tf
 
