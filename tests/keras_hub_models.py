@@ -223,3 +223,28 @@ def tiny_gpt_oss(seed: int = 0, **options):
         experts = layer.sparse_moe_block.experts
         experts.gate_up_proj.assign(3.0 * experts.gate_up_proj.numpy())
     return keras_hub.models.GptOssCausalLM(backbone=backbone, preprocessor=None)
+
+
+def assert_greedy_is_generate(causal_lm, steps: int = 20) -> None:
+    """`keras_hub_greedy`'s tokens are those of `causal_lm`'s own compiled `generate()`
+    (greedy sampler) for left-padded prompts of different lengths in one batch."""
+    import keras
+
+    from keras_posenc.export.decoder import decoder_cases
+    from keras_posenc.keras_hub import keras_hub_greedy
+
+    causal_lm.compile(sampler="greedy")
+    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
+    prompts, mask = case["prompts"], case["mask"]
+    tokens, _ = keras_hub_greedy(causal_lm)(prompts, mask, steps)
+    width = prompts.shape[1]
+    token_ids = np.zeros((len(prompts), width + steps + 1), np.int32)
+    padding = np.zeros_like(token_ids, dtype=bool)
+    for row, length in enumerate(mask.sum(axis=1)):
+        token_ids[row, :length] = prompts[row, width - length :]
+        padding[row, :length] = True
+    generate = causal_lm.make_generate_function()
+    out = generate({"token_ids": token_ids, "padding_mask": padding}, None)
+    generated = keras.ops.convert_to_numpy(out["token_ids"])
+    for row, length in enumerate(mask.sum(axis=1)):
+        np.testing.assert_array_equal(generated[row, length : length + steps + 1], tokens[row])

@@ -21,7 +21,13 @@ import keras
 import numpy as np
 import onnxruntime
 import pytest
-from keras_hub_models import FAMILIES_2026, MAX_LENGTH, VOCABULARY, tiny_causal_lm_2026
+from keras_hub_models import (
+    FAMILIES_2026,
+    MAX_LENGTH,
+    VOCABULARY,
+    assert_greedy_is_generate,
+    tiny_causal_lm_2026,
+)
 
 from keras_posenc.decoder_block import DecoderBlock
 from keras_posenc.export import save_decoder
@@ -135,22 +141,7 @@ def test_proportional_tables_are_the_float64_angles():
 def test_reference_is_gemma4_generate():
     """Gemma 4's generate step (a cache update mask) differs from the other families';
     the reference's tokens are still those of its compiled `generate()`."""
-    causal_lm = tiny_causal_lm_2026("gemma4")
-    causal_lm.compile(sampler="greedy")
-    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
-    prompts, mask, steps = case["prompts"], case["mask"], 20
-    tokens, _ = keras_hub_greedy(causal_lm)(prompts, mask, steps)
-    width = prompts.shape[1]
-    token_ids = np.zeros((len(prompts), width + steps + 1), np.int32)
-    padding = np.zeros_like(token_ids, dtype=bool)
-    for row, length in enumerate(mask.sum(axis=1)):
-        token_ids[row, :length] = prompts[row, width - length :]
-        padding[row, :length] = True
-    generate = causal_lm.make_generate_function()
-    out = generate({"token_ids": token_ids, "padding_mask": padding}, None)
-    generated = keras.ops.convert_to_numpy(out["token_ids"])
-    for row, length in enumerate(mask.sum(axis=1)):
-        np.testing.assert_array_equal(generated[row, length : length + steps + 1], tokens[row])
+    assert_greedy_is_generate(tiny_causal_lm_2026("gemma4"))
 
 
 def test_a_final_cap_of_the_causal_lm_is_exported_and_two_are_refused():

@@ -21,11 +21,16 @@ import json
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import onnxruntime
 import pytest
-from keras_hub_models import FAMILIES, MAX_LENGTH, VOCABULARY, tiny_causal_lm
+from keras_hub_models import (
+    FAMILIES,
+    MAX_LENGTH,
+    VOCABULARY,
+    assert_greedy_is_generate,
+    tiny_causal_lm,
+)
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import (
@@ -171,22 +176,7 @@ def test_reference_is_keras_hub_generate():
     """The reference's tokens are those of keras_hub's own `generate` (greedy sampler,
     its compiled generate function), for prompts of different lengths in one batch (the
     reference is one driver for every family; Mistral's has a window to pass)."""
-    causal_lm = tiny_causal_lm("mistral")
-    causal_lm.compile(sampler="greedy")
-    case = decoder_cases(VOCABULARY, MAX_LENGTH)[1]
-    prompts, mask, steps = case["prompts"], case["mask"], 20
-    tokens, _ = keras_hub_greedy(causal_lm)(prompts, mask, steps)
-    width = prompts.shape[1]
-    token_ids = np.zeros((len(prompts), width + steps + 1), np.int32)
-    padding = np.zeros_like(token_ids, dtype=bool)
-    for row, length in enumerate(mask.sum(axis=1)):
-        token_ids[row, :length] = prompts[row, width - length :]
-        padding[row, :length] = True
-    generate = causal_lm.make_generate_function()
-    out = generate({"token_ids": token_ids, "padding_mask": padding}, None)
-    generated = keras.ops.convert_to_numpy(out["token_ids"])
-    for row, length in enumerate(mask.sum(axis=1)):
-        np.testing.assert_array_equal(generated[row, length : length + steps + 1], tokens[row])
+    assert_greedy_is_generate(tiny_causal_lm("mistral"))
 
 
 def test_exact_tables_are_the_float64_angles_and_keras_hub_differs():
