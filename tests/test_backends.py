@@ -54,3 +54,19 @@ def test_backend(backend, tf_results):
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_runs_without_tensorflow(backend):
+    """Off TensorFlow the package imports none: every case runs with it made unimportable."""
+    pytest.importorskip(backend)
+    run = subprocess.run(
+        [sys.executable, str(BACKEND_TESTS / "without_tensorflow.py")],
+        cwd=TESTS.parent,
+        env={**os.environ, "KERAS_BACKEND": backend},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    assert f"cases ran on {backend} without TensorFlow" in run.stdout
