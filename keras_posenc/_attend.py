@@ -6,10 +6,9 @@ heads; this attends over them with the layer's own scale, dropout, masks and sof
 
 from __future__ import annotations
 
-import tensorflow as tf
 from keras import ops
 
-from keras_posenc import _tf
+from keras_posenc._lazy import _tf, tf
 
 
 def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):

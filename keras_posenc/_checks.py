@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import keras
 import numpy as np
-import tensorflow as tf
+
+from keras_posenc._lazy import tf
 
 _INTEGER = (int, np.integer)
 
@@ -118,7 +120,7 @@ def checked_call_input(layer, inputs, rank: int, sizes: dict[int, int]) -> None:
 def checked_float_policy(layer) -> None:
     """Raise a TypeError unless the layer computes in a floating-point dtype."""
     compute = layer.dtype_policy.compute_dtype
-    if not tf.as_dtype(compute).is_floating:
+    if not keras.backend.is_float_dtype(compute):
         raise TypeError(
             f"{type(layer).__name__} needs a floating-point dtype policy, got {compute!r}. "
             "Use dtype='float32' (or a mixed_float16 / mixed_bfloat16 policy)."

@@ -10,22 +10,11 @@ from __future__ import annotations
 from keras import ops
 
 from keras_posenc import _keras_ops as kops
+from keras_posenc import layouts
 from keras_posenc._keras_rows import position_rows
 from keras_posenc.frequencies import MAX_POSITIONS
 
 _ROTARY_HINT = "the rotation is exact only below that."
-
-
-def _sinusoidal_make(layout: str, axes: int):
-    layout_function = kops.SINUSOIDAL_LAYOUTS[layout]
-    if axes == 1:
-        return lambda sin, cos: (layout_function(sin, cos),)
-
-    def make(sin, cos):
-        blocks = zip(ops.split(sin, axes, -1), ops.split(cos, axes, -1), strict=True)
-        return (ops.concatenate([layout_function(s, c) for s, c in blocks], -1),)
-
-    return make
 
 
 def sinusoidal_call(layer, inputs, positions, start_index):
@@ -39,7 +28,7 @@ def sinusoidal_call(layer, inputs, positions, start_index):
         )
     return position_rows(
         layer._table,
-        _sinusoidal_make(layer.layout, layer.axes),
+        lambda sin, cos: (layouts.encoding(layer.layout, sin, cos, layer.axes, ops),),
         inputs.shape[1],
         positions,
         start_index,
@@ -89,7 +78,7 @@ def rotate_together(layer, tensors, positions, start_index, mask) -> tuple:
     fuse = not any(kops.swap_by_concat(x) for x in tensors)
     rows = position_rows(
         layer._table,
-        lambda sin, cos: kops.channel_tables(layer.layout, sin, cos),
+        lambda sin, cos: layouts.channel_tables(layer.layout, sin, cos, ops),
         first.shape[layer._sequence_axis],
         positions,
         start_index,

@@ -367,26 +367,7 @@ def dynamic_turns(total_length, omega: np.ndarray, factor: float, max_positions:
 
 
 # --------------------------------------------------------------------------------------
-# Layouts: what the layers make of (sin, cos)
-
-
-def interleave(sin, cos):
-    pairs = ops.stack([sin, cos], axis=-1)
-    return ops.reshape(pairs, tuple(sin.shape[:-1]) + (2 * sin.shape[-1],))
-
-
-def concat(sin, cos):
-    return ops.concatenate([sin, cos], axis=-1)
-
-
-SINUSOIDAL_LAYOUTS = {"interleaved": interleave, "concat": concat}
-
-
-def channel_tables(layout: str, sin, cos) -> tuple:
-    """`rotary_tables.channel_tables` here: `(C, S)` per channel."""
-    if layout == "half":
-        return ops.concatenate([cos, cos], -1), ops.concatenate([-sin, sin], -1)
-    return interleave(cos, cos), interleave(-sin, sin)
+# The channel swap of RoPE (the layouts themselves: `keras_posenc.layouts`)
 
 
 # As `_tf.XLA_CPU_CONCAT_SWAP_BYTES`: under XLA:CPU a concat of the pairs' halves beats a

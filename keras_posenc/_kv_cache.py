@@ -7,11 +7,10 @@ values; a call writes its new tokens at `cache_update_index` and keeps every sha
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
 from keras_posenc._attend import chunk_of
-from keras_posenc._tf import in_xla_context
+from keras_posenc._lazy import _tf, tf
 
 
 def known_int(value, name: str = "cache_update_index"):
@@ -79,7 +78,7 @@ def columns(x: tf.Tensor, start, length) -> tf.Tensor:
 
 def written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:
     """`cache (batch, 2, max_length, ...)` with `update (batch, 2, new, ...)` at slot `index`."""
-    if in_xla_context():
+    if _tf.in_xla_context():
         # A dynamic update slice: XLA writes the new slots into a copy of the cache.
         return ops.slice_update(cache, [0, 0, index, 0, 0], update)
     # Elsewhere the same as a select between the cache and the update gathered to every

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from keras_posenc import _tf
 from keras_posenc._attend import attend, tempered, within_chunks
 from keras_posenc._kv_cache import (
     checked_attention_mask,
@@ -32,6 +30,7 @@ from keras_posenc._kv_cache import (
     visible_slots,
     written,
 )
+from keras_posenc._lazy import _tf, tf
 from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_rope_options: re-exported
     OLD_ROPE_NAMES,
     ROPE_DEFAULTS,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 
+from keras_posenc._lazy import tf
 from keras_posenc.scaling_keys import short_repr
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from keras_posenc._checks import checked_positive_int, is_int
+from keras_posenc._lazy import tf
 from keras_posenc.frequencies import FrequencyTable
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.rows import as_rows

@@ -23,14 +23,14 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _tf
 from keras_posenc._checks import (
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
 )
+from keras_posenc._host_constant import HostConstant
+from keras_posenc._lazy import _tf, tf
 from keras_posenc.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
 
 CACHED_POSITIONS = 4096
@@ -87,10 +87,12 @@ def lookup_sin_cos(
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
-# Eagerly one call instead of eight ops; in a graph the ops themselves (inline): a nested
-# function call hides the rows' shapes from converters (the TFLite converter then sees an
-# unranked tensor and needs a Flex op for the einsum after it).
-_eager_lookup_sin_cos = tf.function(lookup_sin_cos, autograph=False, reduce_retracing=True)
+@functools.cache
+def _eager_lookup_sin_cos() -> Callable:
+    # Eagerly one call instead of eight ops; in a graph the ops themselves (inline): a nested
+    # function call hides the rows' shapes from converters (the TFLite converter then sees an
+    # unranked tensor and needs a Flex op for the einsum after it).
+    return tf.function(lookup_sin_cos, autograph=False, reduce_retracing=True)
 
 
 class FrequencyTable:
@@ -113,13 +115,13 @@ class FrequencyTable:
         return self.scale * np.sin(angles), self.scale * np.cos(angles)
 
     @functools.cached_property
-    def _split_tables(self) -> tuple[_tf.HostConstant, ...]:
+    def _split_tables(self) -> tuple[HostConstant, ...]:
         # The scale goes into the fine half only: the products then carry it exactly once.
         fine = self.host_sin_cos(np.arange(CACHED_POSITIONS))
         coarse = FrequencyTable(self.inverse_frequencies).host_sin_cos(
             np.arange(0, MAX_POSITIONS, CACHED_POSITIONS)
         )
-        return tuple(_tf.HostConstant(t.astype(np.float32)) for t in (*fine, *coarse))
+        return tuple(HostConstant(t.astype(np.float32)) for t in (*fine, *coarse))
 
     def sin_cos(
         self, positions: tf.Tensor, below: int | None = None
@@ -129,7 +131,7 @@ class FrequencyTable:
         `below`: the positions are known to be below it (an export's bound), so only the
         coarse rows below it are needed.
         """
-        lookup = _eager_lookup_sin_cos if tf.executing_eagerly() else lookup_sin_cos
+        lookup = _eager_lookup_sin_cos() if tf.executing_eagerly() else lookup_sin_cos
         fine_sin, fine_cos, coarse_sin, coarse_cos = self._split_tables
         if below is None:
             coarse = (coarse_sin.tensor(), coarse_cos.tensor())
@@ -186,31 +188,34 @@ def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf
     return tf.sin(angle), tf.cos(angle)
 
 
-RowMaker = Callable[[tf.Tensor, tf.Tensor], Sequence[tf.Tensor]]
+# `(sin, cos) -> rows`: of TensorFlow tensors (`make_rows`), or of float64 numpy arrays
+# (`make_host_rows`).
+RowMaker = Callable[..., Sequence]
 
 
 class PositionTable(TableRows):
-    """Per-position rows `make_rows(sin, cos)`, ready for the first `CACHED_POSITIONS` positions.
+    """Per-position rows of `(sin, cos)`, ready for the first `CACHED_POSITIONS` positions.
 
-    `make_rows` turns `(sin, cos)` of shape `(..., dim/2)` into the tables a layer combines
-    with its input (for example the interleaved encoding, or RoPE's cos and signed sin).
-    It runs once on the float64 host values to build the cache (one rounding), and in
-    the graph on exact float32 values for positions past the cache. Which rows serve a
-    run or some positions (`slice`, `gather`) is decided in `keras_posenc.rows`.
+    `make_host_rows` turns the float64 host `(sin, cos)` of shape `(..., dim/2)` into the
+    tables a layer combines with its input (for example the interleaved encoding, or
+    RoPE's cos and signed sin; numpy, `keras_posenc.layouts`), rounded once to float32 for
+    the cached rows. `make_rows` lays out the exact float32 values TensorFlow's graphs
+    compute for positions past the cache, the same way. Which rows serve a run or some
+    positions (`slice`, `gather`) is decided in `keras_posenc.rows`.
     """
 
     limit = MAX_POSITIONS
 
-    def __init__(self, frequencies: FrequencyTable, make_rows: RowMaker):
+    def __init__(self, frequencies: FrequencyTable, make_rows: RowMaker, make_host_rows: RowMaker):
         self.frequencies = frequencies
         self.make_rows = make_rows
-        super().__init__(_tf.HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS)))
+        self.make_host_rows = make_host_rows
+        super().__init__(HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS)))
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""
-        with tf.init_scope():
-            host = [tf.constant(t) for t in self.frequencies.host_sin_cos(positions)]
-            return tuple(t.numpy().astype(np.float32) for t in self.make_rows(*host))
+        rows = self.make_host_rows(*self.frequencies.host_sin_cos(positions))
+        return tuple(np.asarray(t, np.float64).astype(np.float32) for t in rows)
 
     @property
     def cached(self) -> tuple[np.ndarray, ...]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_layers, _tf
+from keras_posenc import _keras_layers, _keras_private
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
 from keras_posenc._keras_ops import uses_tensorflow
+from keras_posenc._lazy import _tf
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rows import TableRows
 from keras_posenc.sinusoidal import SinusoidalInitializer
@@ -139,7 +140,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         weight = (where - below)[:, None]
         new = (1.0 - weight) * old[below] + weight * old[above]
 
-        self.embeddings = _tf.replace_weight(
+        self.embeddings = _keras_private.replace_weight(
             self, self.embeddings, lambda: self._add_table(new_max_length, old.shape[1], "zeros")
         )
         self.embeddings.assign(new.astype(self.embeddings.dtype))

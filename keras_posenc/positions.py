@@ -15,10 +15,9 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _tf
 from keras_posenc._checks import after, check
+from keras_posenc._lazy import _tf, tf
 from keras_posenc.rows import as_rows
 
 

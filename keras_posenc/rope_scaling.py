@@ -29,8 +29,8 @@ import dataclasses
 import math
 
 import numpy as np
-import tensorflow as tf
 
+from keras_posenc._lazy import tf
 from keras_posenc.frequencies import as_rows, exact_sin_cos, inverse_frequencies
 from keras_posenc.scaling_keys import (  # noqa: F401  ROPE_TYPES, checked_scaling: re-exported
     ROPE_TYPES,

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _keras_layers, _tf
+from keras_posenc import _keras_layers
 from keras_posenc._checks import (
     checked_axis,
     checked_bool,
@@ -28,6 +27,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
 )
 from keras_posenc._keras_ops import uses_tensorflow
+from keras_posenc._lazy import _tf, tf
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables

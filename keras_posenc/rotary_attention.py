@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc import _tf
+from keras_posenc._lazy import _tf
 from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
 from keras_posenc._rotary_attention import RotaryAttention
 

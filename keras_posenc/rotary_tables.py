@@ -10,9 +10,9 @@ of rows (`keras_posenc.rope_scaling` defines the frequencies themselves).
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _tf
+from keras_posenc import _keras_ops, layouts
+from keras_posenc._lazy import _tf, tf
 from keras_posenc.frequencies import FrequencyTable, PositionTable, position_table
 from keras_posenc.rope_scaling import DynamicRows, SwitchByLength, dynamic_turns, rope_parameters
 
@@ -54,6 +54,7 @@ def rotation_table(
         lambda: PositionTable(
             FrequencyTable(omega, scale=attention_factor),
             lambda sin, cos: channel_tables(layout, sin, cos),
+            lambda sin, cos: layouts.channel_tables(layout, sin, cos),
         ),
     )
 
@@ -98,7 +99,9 @@ def scaled_inverse_frequencies(
     if past_switch and parameters.long_inverse_frequencies is not None:
         return parameters.long_inverse_frequencies
     if past_switch and parameters.dynamic_factor is not None:
-        turns = dynamic_turns(
+        # The frequencies this backend's graphs make (TensorFlow's, or `keras.ops`').
+        turns_of = dynamic_turns if _keras_ops.uses_tensorflow() else _keras_ops.dynamic_turns
+        turns = turns_of(
             total_length,
             parameters.inverse_frequencies,
             parameters.dynamic_factor,

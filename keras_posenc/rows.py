@@ -25,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _tf
 from keras_posenc._checks import after, check
-from keras_posenc._tf import HostConstant
+from keras_posenc._host_constant import HostConstant
+from keras_posenc._lazy import _tf, tf
 
 
 def as_rows(*rows: tf.Tensor) -> tuple[tf.Tensor, ...]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_posenc import _keras_layers
+from keras_posenc import _keras_layers, layouts
 from keras_posenc._checks import (
     checked_call_input,
     checked_choice,
@@ -17,7 +16,7 @@ from keras_posenc._checks import (
     checked_positive_int,
 )
 from keras_posenc._keras_ops import uses_tensorflow
-from keras_posenc._tf import add_rounded_once
+from keras_posenc._lazy import _tf, tf
 from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
     FREQUENCY_SPACINGS,
@@ -59,6 +58,7 @@ def encoding_table(
         lambda: PositionTable(
             FrequencyTable(inverse_frequencies(width, max_wavelength, frequency_spacing)),
             lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
+            lambda sin, cos: (layouts.encoding(layout, sin, cos),),
         ),
     )
 
@@ -94,9 +94,8 @@ def sinusoidal_table(
     frequencies = FrequencyTable(
         inverse_frequencies(checked_even_width(width), max_wavelength, frequency_spacing)
     )
-    with tf.init_scope():
-        sin, cos = (tf.constant(t) for t in frequencies.host_sin_cos(np.arange(length)))
-        return _LAYOUT_FUNCTIONS[layout](sin, cos).numpy().astype(np.float32)
+    sin, cos = frequencies.host_sin_cos(np.arange(length))
+    return layouts.encoding(layout, sin, cos).astype(np.float32)
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -130,9 +129,7 @@ class SinusoidalInitializer(keras.initializers.Initializer):
         table = sinusoidal_table(
             shape[0], shape[1], self.max_wavelength, self.layout, self.frequency_spacing
         )
-        if not uses_tensorflow():
-            return keras.ops.cast(table, dtype or "float32")
-        return tf.cast(table, dtype or "float32")
+        return keras.ops.cast(table, dtype or "float32")
 
     def get_config(self) -> dict:
         return {
@@ -243,7 +240,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             start_index,
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
-            combine=lambda encoding: add_rounded_once(inputs, encoding),
+            combine=lambda encoding: _tf.add_rounded_once(inputs, encoding),
             batch=static_dim(inputs, 0),
             axes=self.axes,
         )

@@ -16,6 +16,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+# A host array as a graph constant (defined without TensorFlow: every backend's tables hold it).
+from keras_posenc._host_constant import HostConstant  # noqa: F401
+
 # The private TensorFlow and Keras APIs, each behind a named function (see `private`).
 from keras_posenc._tf.private import (  # noqa: F401
     AutoTrackable,
@@ -62,41 +65,6 @@ def int_array(values) -> np.ndarray | list:
     if all(isinstance(v, (int, np.integer)) for v in values):
         return np.asarray(values, dtype=np.int32)
     return values
-
-
-class HostConstant:
-    """A host array that becomes a graph constant when traced and a cached tensor eagerly.
-
-    A `tf.constant` made eagerly and captured by a traced function turns into an extra,
-    unfeedable input of an exported ONNX graph; one made while tracing is a plain
-    constant node. Eager calls reuse one tensor instead of copying the array every call.
-    While a SavedModel is traced (`tables_stored_once`) every use shares one copy.
-    """
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-        self._eager_tensor = None
-
-    def tensor(self) -> tf.Tensor:
-        if tf.executing_eagerly():
-            if self._eager_tensor is None:
-                self._eager_tensor = tf.constant(self.array)
-            return self._eager_tensor
-        return traced_constant(self, (), lambda: self.array)
-
-    def rows(self, start, length) -> tf.Tensor:
-        """Rows `start .. start + length - 1`: when both are ints and a graph is traced,
-        a constant of just those rows, so a trace embeds no more of the table than it uses
-        (a retrace per Python-int start would otherwise copy the whole table each time)."""
-        if (
-            isinstance(start, (int, np.integer))
-            and isinstance(length, (int, np.integer))
-            and not tf.executing_eagerly()
-        ):
-            return traced_constant(
-                self, (int(start), int(length)), lambda: self.array[start : start + length]
-            )
-        return slice_rows(self.tensor(), start, length)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Every private TensorFlow and Keras API the package touches, each behind a named function.
+"""Every private TensorFlow API the package touches, each behind a named function.
 
-Nothing else in the package imports `tensorflow.python`, `keras.src` or reads a `_`-attribute
-of a TensorFlow or Keras object: when a release moves one of these, this is the one file to
-change. Each says why no public API serves.
+Nothing else in the package imports `tensorflow.python` or reads a `_`-attribute of a
+TensorFlow object (Keras's private parts, which every backend uses, are in
+`keras_posenc._keras_private`, re-exported here): when a release moves one of these, this
+is the one file to change. Each says why no public API serves.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
-
-# Keras's own masks on tensors (what MultiHeadAttention reads and sets); no public API.
-from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 # XLA's dynamic slice (no public op takes a run-time start under XLA without making it a
 # compile-time constant).
@@ -26,6 +24,18 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 # The XLA-context test (no public API says whether the graph being traced will be compiled).
 from tensorflow.python.ops import control_flow_util
 from tensorflow.python.util import nest
+
+from keras_posenc._keras_private import (  # noqa: F401  re-exported
+    all_layers,
+    attention_mask,
+    attention_part,
+    call_keyword_arguments,
+    causal_mask,
+    get_keras_mask,
+    masked_softmax,
+    replace_weight,
+    set_keras_mask,
+)
 
 __all__ = [
     "AutoTrackable",
@@ -95,85 +105,3 @@ def saved_model_proto(path: str | os.PathLike):
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString((Path(path) / "saved_model.pb").read_bytes())
     return proto
-
-
-# --------------------------------------------------------------------------------------
-# Keras: models and layers
-
-
-def all_layers(model) -> list:
-    """The model and every layer in it, nested ones included (Keras has no public walk)."""
-    return list(model._flatten_layers(include_self=True, recursive=True))
-
-
-def call_keyword_arguments(layer) -> list[dict]:
-    """The keyword arguments of each call of `layer` in a functional model, one dict a call.
-
-    Keras keeps them on the layer's inbound nodes; no public API lists a layer's calls.
-    """
-    calls = []
-    for node in getattr(layer, "_inbound_nodes", []):
-        arguments = getattr(node, "arguments", None)
-        calls.append(dict(getattr(arguments, "kwargs", None) or {}))
-    return calls
-
-
-def replace_weight(layer, old, make_new: Callable):
-    """Untrack `old` from `layer` and track `make_new()` in its place; returns the new weight.
-
-    Keras locks a built layer's state: there is no public way to swap one of its weights
-    (needed to resize a learned table).
-    """
-    layer._untrack_variable(old)
-    layer._tracker.unlock()
-    try:
-        return make_new()
-    finally:
-        layer._lock_state()
-
-
-# --------------------------------------------------------------------------------------
-# Keras: the attention layers' parts
-
-# What the rotary attention layers reuse of Keras's `MultiHeadAttention` and
-# `GroupQueryAttention`, which keep them private: the projections, the dropout on the
-# scores, the flash-attention switch, the scale and (MultiHeadAttention) the window and gate.
-_ATTENTION_PARTS = frozenset(
-    {
-        "query_dense",
-        "key_dense",
-        "value_dense",
-        "output_dense",
-        "gate_dense",
-        "dropout_layer",
-        "flash_attention",
-        "inverse_sqrt_key_dim",
-        "inverse_sqrt_head_dim",
-        "sliding_window",
-        "use_gate",
-    }
-)
-
-
-def attention_part(layer, name: str):
-    """The private part `name` (`"query_dense"`, ...: `_ATTENTION_PARTS`) of a Keras
-    attention layer."""
-    if name not in _ATTENTION_PARTS:
-        raise AttributeError(f"{name!r} is not a part of a Keras attention layer read here.")
-    return getattr(layer, "_" + name)
-
-
-def attention_mask(layer, query, value, **masks):
-    """The Keras attention layer's own mask from its query/value/key/attention masks and
-    `use_causal_mask` (`_compute_attention_mask`)."""
-    return layer._compute_attention_mask(query, value, **masks)
-
-
-def causal_mask(layer, query, value):
-    """The Keras attention layer's causal mask of `(query, value)` (`_compute_causal_mask`)."""
-    return layer._compute_causal_mask(query, value)
-
-
-def masked_softmax(layer, scores, mask):
-    """The Keras attention layer's softmax of `scores` with `mask` (`_masked_softmax`)."""
-    return layer._masked_softmax(scores, mask)

@@ -32,8 +32,9 @@ def main() -> None:
             layer = cases.build(name)
             traced = {k: v for k, v in call.items() if k in ("start_index", "positions")}
             static = {k: v for k, v in call.items() if k not in traced}
-            jitted = jax.jit(lambda x, arguments, layer=layer, static=static: layer(
-                x, **arguments, **static))
+            jitted = jax.jit(
+                lambda x, arguments, layer=layer, static=static: layer(x, **arguments, **static)
+            )
             x = keras.ops.cast(cases.inputs(name), layer.compute_dtype)
             assert np.all(np.isfinite(np.asarray(jitted(x, traced), np.float32))), name
     dynamic = kp.RotaryEmbedding(scaling=cases.DYNAMIC)
