@@ -27,9 +27,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from benchmarks import candidates, report, timing  # noqa: E402
+from keras_posenc._lazy import tf  # noqa: E402  (--backend jax / torch: no TensorFlow)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

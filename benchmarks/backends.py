@@ -14,7 +14,8 @@ held to the floor). Candidates, as in the TensorFlow benchmark:
 - `control`: the floor again, in the same form (its ratio to the floor is the row's noise).
 
 Under JAX every candidate is `jax.jit`-compiled (x an argument, never a folded constant) and
-synchronised with `block_until_ready`; under torch the calls are eager. Rounds are
+synchronised with `block_until_ready`; under torch the calls are eager (on a GPU, where
+torch has one, synchronised with `torch.cuda.synchronize`). Rounds are
 interleaved and shuffled as `benchmarks.timing` runs them; the table holds medians (ms) and
 the ratios of the medians.
 """
@@ -39,6 +40,10 @@ class _Synced:
     def __init__(self, value):
         if hasattr(value, "block_until_ready"):
             value.block_until_ready()
+        elif getattr(getattr(value, "device", None), "type", None) == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
         self.value = value
 
     def _numpy(self):
@@ -133,6 +138,20 @@ def _rows(selected, hub, min_sample: float):
             yield (layer, shape, label), group, errors
 
 
+def _device() -> str:
+    """The device the backend computes on, as its library names it."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return f"{device.platform}: {device.device_kind}"
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name()}"
+    return "cpu"
+
+
 def main(args) -> int:
     backend = keras.backend.backend()
     keras.config.set_dtype_policy("float32")
@@ -145,6 +164,7 @@ def main(args) -> int:
     rows = list(_rows(args.layers, hub, args.min_sample_ms / 1e3))
     timing.run_rounds([list(group.values()) for _, group, _ in rows], args.rounds)
     mode = "jax.jit" if backend == "jax" else f"{backend} eager"
+    mode += f", {_device()}"
     names = ["floor", "ours", "keras_hub", "control"]
     lines = [
         f"# keras_posenc on Keras's {backend} backend ({mode}), float32, {args.rounds} rounds",

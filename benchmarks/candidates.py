@@ -38,10 +38,10 @@ import statistics
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import tensorflow as tf
 
 from benchmarks import reference, timing
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from keras_posenc._lazy import tf  # TensorFlow's modes only: --backend jax / torch need none
 from keras_posenc.frequencies import CACHED_POSITIONS
 
 LAYERS = ("sinusoidal", "rotary", "learned")

@@ -22,8 +22,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import tensorflow as tf
-
 WARM_UP_CALLS = 3
 MAX_REPEATS = 200
 
@@ -32,7 +30,7 @@ MAX_REPEATS = 200
 class Timed:
     """One candidate of one case: its call, repeats per sample, and per-call times (s)."""
 
-    call: Callable[..., tf.Tensor]
+    call: Callable
     repeats: int = 1
     samples: list[float] = dataclasses.field(default_factory=list)
     new_start: float | None = None  # seconds of the first call with another start value
@@ -55,7 +53,7 @@ def warm_up(timed: Timed, min_sample: float) -> None:
     timed.repeats = max(1, min(MAX_REPEATS, math.ceil(min_sample / max(one_call, 1e-7))))
 
 
-def one_call(call: Callable[..., tf.Tensor], *args) -> float:
+def one_call(call: Callable, *args) -> float:
     """Seconds of a single call (for example the first with a new argument value)."""
     start = time.perf_counter()
     call(*args)._numpy()
