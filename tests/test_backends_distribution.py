@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 TESTS = Path(__file__).resolve().parent
 BACKEND_TESTS = TESTS / "backends"
@@ -87,8 +88,17 @@ def test_trained_on_jax_loads_and_exports_under_tensorflow(jax_run):
         scale = max(1.0, result["max_abs_output"][name])
         assert difference <= RELATIVE_TOLERANCE * scale, (name, difference)
     # Keras's own export from JAX (a SavedModel through jax2tf): XLA in both processes.
-    scale = max(1.0, result["max_abs_output"]["tokens_16"])
-    assert result["keras_export_max_abs_difference"] <= RELATIVE_TOLERANCE * scale
+    jax_version = (folder / "jax_version.txt").read_text()
+    if Version(jax_version) >= Version("0.12") and Version(result["tensorflow_version"]) < Version(
+        "2.22"
+    ):
+        # jax 0.12 writes StableHLO 1.18 (custom calls as `vhlo.custom_call_v2`), which
+        # TensorFlow 2.21's XlaCallModule (StableHLO 1.13.7) cannot read: docs/backends.md.
+        assert "custom_call_v2" in (result["keras_export_error"] or ""), result
+    else:
+        assert result["keras_export_error"] is None, result["keras_export_error"]
+        scale = max(1.0, result["max_abs_output"]["tokens_16"])
+        assert result["keras_export_max_abs_difference"] <= RELATIVE_TOLERANCE * scale
     assert result["passed"], result["summary"]
     for runtime in ("saved_model", "onnxruntime", "litert"):
         assert result["summary"][runtime]["passed"], runtime

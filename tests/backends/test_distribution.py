@@ -167,6 +167,7 @@ def test_save_for_tensorflow(runs):
         name.replace("tokens", "logits"): np.asarray(forward(x)) for name, x in probes.items()
     }
     np.savez(Path(folder) / "jax_outputs.npz", **probes, **outputs)
+    (Path(folder) / "jax_version.txt").write_text(jax.__version__)
     # Keras's own export from JAX (jax2tf): a dynamic batch works, a dynamic sequence axis
     # does not (docs/backends.md), so the signature fixes the length.
     signature = [keras.InputSpec(shape=(None, tiny_encoder.LENGTH), dtype="int32")]
