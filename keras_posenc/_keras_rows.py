@@ -72,7 +72,9 @@ def position_rows(
 def run_rows(table, make, start, length: int, traced: bool = False, finish=tuple):
     """`finish(rows)` of positions `start .. start + length - 1` (`start` an int or a traced
     int32); `traced`: the call is being traced (`jax.jit`), which embeds static rows as
-    constants."""
+    constants. `length` may be symbolic (`jax.export`, `kops.is_symbolic`; `start` is then
+    a traced int32): the rows are then gathered, never sliced, as for a run too long to
+    slice (a slice's size must be known to fit its table)."""
     if isinstance(table, SwitchByLength):
         return _switched(
             table, start + length, lambda t: run_rows(t, make, start, length, traced, finish)
@@ -146,7 +148,10 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
             return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
         return finish(tuple(ops.convert_to_tensor(r) for r in rows))
 
-    if length > CACHED_POSITIONS:
+    # The split rows: for a symbolic length (`jax.export`) too, as exact as the cached rows
+    # (their coarse row 0 is sin 0, cos 1, so the products of a position in the cached
+    # rows give its fine row, the cached row itself, FMA or not).
+    if kops.is_symbolic(length) or length > CACHED_POSITIONS:
         positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
         return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
     size = CACHED_POSITIONS
@@ -185,7 +190,7 @@ def _variable_run(table, start, length: int) -> tuple:
     size, width = table.shape
     if isinstance(start, int):
         return (ops.slice(table, (start, 0), (length, width)),)
-    if length > size:
+    if kops.is_symbolic(length) or length > size:
         steps = ops.clip(ops.arange(length, dtype="int32") + start, 0, size - 1)
         return (ops.take(table, steps, axis=0),)
     first = ops.clip(start, 0, size - length)
