@@ -5,6 +5,8 @@ by length, dynamic NTK rows, several axes) gives rows for a run (`run_rows`) or 
 explicit positions (`gathered_rows`); `make` turns computed `(sin, cos)` into the layer's
 rows (the cached rows are made already). `position_rows` checks the positions first, as
 `keras_posenc.positions.position_rows` does, and poisons the rows of traced bad ones.
+A symbolic sequence length (`jax.export`, as Keras's `model.export` from JAX traces) is
+neither compared nor sliced by while tracing: its runs are gathers, chosen at run time.
 """
 
 from __future__ import annotations
