@@ -81,6 +81,19 @@ def is_traced(x) -> bool:
     return False
 
 
+def is_symbolic(size) -> bool:
+    """Whether `size`, a size from a shape, is a JAX dimension variable, not a number: the
+    sizes `jax.export` traces with (Keras's `model.export` from JAX names every `None` of
+    the inputs so; Keras's own shape inference on JAX uses one). Such a size takes part in
+    shapes (`ops.arange`, reshapes) and, as `ops.convert_to_tensor(size, "int32")`, in
+    arithmetic at run time, but no comparison with a number can be decided while tracing."""
+    if isinstance(size, (int, np.integer)) or keras.backend.backend() != "jax":
+        return False
+    from jax import export
+
+    return export.is_symbolic_dim(size)
+
+
 def _jax_tracer() -> type:
     import jax
 
@@ -260,6 +273,8 @@ def positions_from_mask(mask, start_index, axes: int):
 def checked_run(start_index, length: int, limit: int, hint: str):
     """`(start, valid)` for a run of `length` from `start_index` (as `position_rows` checks)."""
     start = start_of(start_index)
+    if is_symbolic(length):
+        return _checked_symbolic_run(start, length, limit, hint)
     if not isinstance(start, int) and length > limit:
         raise ValueError(
             f"the sequence has {length} steps but positions must stay within {limit}; {hint}"
@@ -270,6 +285,22 @@ def checked_run(start_index, length: int, limit: int, hint: str):
         lambda first, steps: _run_message(first, steps, limit, hint),
     )
     return start, valid
+
+
+def _checked_symbolic_run(start, length, limit: int, hint: str):
+    """`checked_run` for a symbolic `length` (`is_symbolic`): a start known now is checked
+    now as far as it can be (>= 0 and below `limit`, whatever the length), the end of the
+    run at run time (its rows poisoned). The start comes back as an int32 tensor: a run of
+    a symbolic length is chosen at run time whatever its start."""
+    if isinstance(start, int):
+        check(
+            lambda first: (first >= 0) & (first < limit),
+            [start],
+            lambda first: _run_message(first, None, limit, hint),
+        )
+    start = ops.convert_to_tensor(start, "int32")
+    steps = ops.convert_to_tensor(length, "int32")
+    return start, (start >= 0) & (start <= limit - steps)
 
 
 # --------------------------------------------------------------------------------------

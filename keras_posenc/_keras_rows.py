@@ -5,6 +5,8 @@ by length, dynamic NTK rows, several axes) gives rows for a run (`run_rows`) or 
 explicit positions (`gathered_rows`); `make` turns computed `(sin, cos)` into the layer's
 rows (the cached rows are made already). `position_rows` checks the positions first, as
 `keras_posenc.positions.position_rows` does, and poisons the rows of traced bad ones.
+A symbolic sequence length (`jax.export`, as Keras's `model.export` from JAX traces) is
+neither compared nor sliced by while tracing: its runs are gathers, chosen at run time.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def position_rows(
 def run_rows(table, make, start, length: int, traced: bool = False, finish=tuple):
     """`finish(rows)` of positions `start .. start + length - 1` (`start` an int or a traced
     int32); `traced`: the call is being traced (`jax.jit`), which embeds static rows as
-    constants."""
+    constants. `length` may be symbolic (`jax.export`, `kops.is_symbolic`; `start` is then
+    a traced int32): the rows are then gathered, never sliced, as for a run too long to
+    slice (a slice's size must be known to fit its table)."""
     if isinstance(table, SwitchByLength):
         return _switched(
             table, start + length, lambda t: run_rows(t, make, start, length, traced, finish)
@@ -146,6 +150,8 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
             return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
         return finish(tuple(ops.convert_to_tensor(r) for r in rows))
 
+    if kops.is_symbolic(length):
+        return finish(_symbolic_run(table, make, start, length))
     if length > CACHED_POSITIONS:
         positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
         return finish(tuple(make(*kops.split_sin_cos(table.frequencies, positions))))
@@ -170,6 +176,32 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
     return ops.cond(fits, lambda: finish(sliced()), lambda: finish(computed_once()))
 
 
+def _symbolic_run(table: PositionTable, make, start, length) -> tuple:
+    """The rows of a run of a symbolic length (`jax.export`; `start` a traced int32), by
+    gathers (a slice's size must be known to fit its table): the cached rows while the run
+    fits them, else the split rows, chosen at run time.
+
+    Both are the rows eager and `jax.jit` calls give: inside the cached rows the split
+    rows equal them bitwise (coarse row 0 is sin 0, cos 1: the products give the fine row,
+    FMA or not), so the choice is for speed, one gather instead of four and the products.
+    The conditional also keeps the rows from fusing into `finish`, where XLA would compute
+    them again for every batch row and head (measured against `jax.jit` on the rotary
+    8x512x8x64 of `python -m benchmarks --backend jax`, 2-core CPU: 2.0-2.7x the time
+    without it, 1.2-1.5x with it).
+    """
+    positions = ops.clip(ops.arange(length, dtype="int32") + start, 0, table.limit - 1)
+
+    def cached():
+        steps = ops.minimum(positions, CACHED_POSITIONS - 1)
+        return tuple(ops.take(rows, steps, axis=0) for rows in table.cached)
+
+    def computed():
+        return tuple(make(*kops.split_sin_cos(table.frequencies, positions)))
+
+    fits = (start >= 0) & (start <= CACHED_POSITIONS - ops.convert_to_tensor(length, "int32"))
+    return ops.cond(fits, cached, computed)
+
+
 # The cached rows of each live host table as tensors of this backend, for eager calls.
 _eager_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -185,7 +217,7 @@ def _variable_run(table, start, length: int) -> tuple:
     size, width = table.shape
     if isinstance(start, int):
         return (ops.slice(table, (start, 0), (length, width)),)
-    if length > size:
+    if kops.is_symbolic(length) or length > size:
         steps = ops.clip(ops.arange(length, dtype="int32") + start, 0, size - 1)
         return (ops.take(table, steps, axis=0),)
     first = ops.clip(start, 0, size - length)
