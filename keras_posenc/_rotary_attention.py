@@ -76,18 +76,22 @@ class RotaryAttention:
         )
         return cls(**{**arguments, **overrides})
 
-    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`.
-    query_temperature = None  # an AttentionTemperature, or None
+    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`. The
+    # sublayers (`query_temperature`, `query_norm`, `key_norm`) are set on each layer in
+    # `_init_*`, never given a class-level default: on torch a Keras layer is a
+    # `torch.nn.Module`, which keeps sublayers apart from the instance's attributes, and a
+    # class attribute of the same name would hide them (reading None).
     attention_chunk_size = None
     # The query / key norms (`keras_posenc.query_key_norm`); their layers are made in build.
     query_key_norm = None
     query_key_norm_epsilon = 1e-6
-    query_norm = key_norm = None
 
     def _init_query_key_norm(self, kind: str | None, epsilon: float) -> None:
         self.query_key_norm, self.query_key_norm_epsilon = checked_query_key_norm(kind, epsilon)
+        self.query_norm = self.key_norm = None
 
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
+        self.query_temperature = None  # an AttentionTemperature, or None
         self.rotary_embedding = None  # rope_dim=0: a NoPE layer
         if not is_nope(options):
             self.rotary_embedding = RotaryEmbedding(
