@@ -74,6 +74,7 @@ CASES = {
         "call": {
             "query_mask": _left_padded([0, 2], LENGTH),
             "value_mask": _left_padded([3, 0], LENGTH),
+            "key_mask": np.arange(LENGTH)[None, :] != np.array([[5], [1]]),
             "query_positions": np.array(
                 [[4, 5, 6, 7, 8, 9, 10, 11], [0, 0, 1, 2, 3, 4, 5, 30]], np.int32
             ),
@@ -219,10 +220,16 @@ CASES = {
         "splits": (5, 1, 1, 1),
         "padding": (2, 0),
     },
-    "gqa_cache_longrope_switch": {
+    "gqa_cache_longrope_switch_window_gate": {
         "kind": "cached",
         "layer": GQA,
-        "arguments": {**GROUPS, "rope_scaling": LONGROPE, "query_key_norm": "rms_per_head"},
+        "arguments": {
+            **GROUPS,
+            "rope_scaling": LONGROPE,
+            "query_key_norm": "rms_per_head",
+            "sliding_window": 4,
+            "use_gate": True,
+        },
         "splits": (5, 1, 1, 1, 1, 1),  # past 8 positions: the long factors
     },
     "gqa_cache_mrope_bfloat16": {

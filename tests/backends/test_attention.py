@@ -188,6 +188,7 @@ def test_masked_cross_attention_at_positions_is_the_float64_formula():
     query, value, key = (ac.tokens(name, case[part]) for part in ("query", "value", "key"))
     call = case["call"]
     mask = call["query_mask"].astype(bool)[:, :, None] & call["value_mask"].astype(bool)[:, None]
+    mask &= call["key_mask"][:, None]
     positions = {"query": call["query_positions"], "key": call["key_positions"]}
     expected, expected_scores = _reference(layer, query, value, key, positions, mask)
     results = _outputs(name)

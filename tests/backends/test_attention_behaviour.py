@@ -122,6 +122,16 @@ def test_shapes_are_static_under_jit_so_a_batch_mismatch_raises():
         step(X, _cache(), np.ones((1, MAX_LENGTH), np.int32), 0)
 
 
+def test_attention_temperature_is_llama4s_formula():
+    positions = np.array([0, 8190, 8191, 20000, 2**31 - 2], np.int32)
+    scale = keras.ops.convert_to_numpy(kp.AttentionTemperature(8192, 0.1)(positions))
+    expected = np.log1p(np.floor((positions.astype(np.float64) + 1) / 8192)) * 0.1 + 1
+    assert scale.dtype == np.float32
+    np.testing.assert_allclose(scale, expected, rtol=2**-23)
+    with pytest.raises(TypeError, match="positions must be integers"):
+        kp.AttentionTemperature()(np.zeros(2, np.float32))
+
+
 def test_dropout_applies_in_training_only():
     layer = kp.RotaryMultiHeadAttention(4, 8, dropout=0.5, **ac.ZEROS)  # attention_cases' shapes
     x = X.repeat(4, axis=1)
