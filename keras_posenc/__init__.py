@@ -2,8 +2,7 @@
 
 Every layer takes its sin/cos from one shared frequency table (`keras_posenc.frequencies`),
 computed in float64 on the host and rounded once, so values are exact at any position.
-The encoder layers run on the TensorFlow, JAX and PyTorch backends; the attention layers
-and the exports need TensorFlow.
+The layers run on the TensorFlow, JAX and PyTorch backends; the exports need TensorFlow.
 """
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -46,13 +45,6 @@ from keras_posenc.sinusoidal import (  # noqa: E402
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
-
-if keras.backend.backend() != "tensorflow":
-    from keras_posenc._keras_ops import tensorflow_only  # noqa: E402
-
-    # Not yet on this backend (issue #28): a clear error at construction, naming it.
-    for _layer in (DecoderBlock, RotaryGroupQueryAttention, RotaryMultiHeadAttention):
-        tensorflow_only(_layer)
 
 __version__ = "0.1.0"
 

@@ -2,13 +2,27 @@
 
 `RotaryAttention.call` (`keras_posenc._rotary_attention`) projects, rotates and caches the
 heads; this attends over them with the layer's own scale, dropout, masks and softmax.
+
+The attention call is written once, in `keras.ops`, for every backend. Where a backend
+needs its own op (TensorFlow: to keep the graphs it exports as they are) or has something
+the others have not (values known while tracing, graph assertions, XLA or not), the call
+asks `tricks()`: `keras_posenc._tf` on TensorFlow, `keras_posenc._keras_ops` on JAX and
+PyTorch, which give the same names.
 """
 
 from __future__ import annotations
 
 from keras import ops
 
-from keras_posenc._lazy import _tf, tf
+from keras_posenc import _keras_ops as kops
+from keras_posenc import _keras_private as private
+from keras_posenc._lazy import _tf
+
+
+def tricks():
+    """This backend's tricks module: `keras_posenc._tf` on TensorFlow (imported on first
+    use), else `keras_posenc._keras_ops`."""
+    return _tf if kops.uses_tensorflow() else kops
 
 
 def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):
@@ -25,7 +39,7 @@ def attend(layer, query, key, value, mask, causal_only: bool, training, return_s
     if query_heads != kv_heads:
         key = ops.repeat(key, query_heads // kv_heads, axis=2)
         value = ops.repeat(value, query_heads // kv_heads, axis=2)
-    flash_attention = _tf.attention_part(layer, "flash_attention")
+    flash_attention = private.attention_part(layer, "flash_attention")
     if flash_attention and return_scores:
         raise ValueError(
             "Returning attention scores is not supported when flash attention is "
@@ -53,11 +67,11 @@ def attend(layer, query, key, value, mask, causal_only: bool, training, return_s
         )
         return output, None
     if causal_only:
-        mask = _tf.causal_mask(layer, query, value)
+        mask = private.causal_mask(layer, query, value)
     query = ops.multiply(query, ops.cast(layer._scale(), query.dtype))
     scores = ops.einsum("btnh,bsnh->bnts", query, key)
-    scores = _tf.masked_softmax(layer, scores, mask)
-    dropout_layer = _tf.attention_part(layer, "dropout_layer")
+    scores = private.masked_softmax(layer, scores, mask)
+    dropout_layer = private.attention_part(layer, "dropout_layer")
     dropped = dropout_layer(scores, training=training) if dropout else scores
     return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
 
@@ -70,10 +84,11 @@ def tempered(queries, temperature, first_index):
     """
     if temperature is None:
         return queries
-    index = tf.cast(first_index, tf.int32) + tf.range(tf.shape(queries)[1])
-    scale = tf.reshape(temperature(index), [1, -1, 1, 1])
-    wide = _tf.accumulation_dtype(queries.dtype)
-    return tf.cast(tf.cast(queries, wide) * tf.cast(scale, wide), queries.dtype)
+    steps = ops.arange(tricks().run_time_size(queries, 1), dtype="int32")
+    index = ops.cast(first_index, "int32") + steps
+    scale = ops.reshape(temperature(index), [1, -1, 1, 1])
+    wide = kops.accumulation_dtype(queries.dtype)
+    return ops.cast(ops.cast(queries, wide) * ops.cast(scale, wide), queries.dtype)
 
 
 def within_chunks(mask, chunk_size: int | None, sizes, start_indices, padding_masks):
@@ -89,21 +104,23 @@ def within_chunks(mask, chunk_size: int | None, sizes, start_indices, padding_ma
     if chunk_size is None:
         return mask
     chunks = [
-        chunk_of(tf.cast(start, tf.int32) + tf.range(size), padding, chunk_size)
+        chunk_of(ops.cast(start, "int32") + ops.arange(size, dtype="int32"), padding, chunk_size)
         for size, start, padding in zip(sizes, start_indices, padding_masks, strict=True)
     ]
     # expand_dims, not `[None]`: LiteRT runs a new-axis StridedSlice only as a Flex op.
-    same = tf.equal(tf.expand_dims(chunks[0], -1), tf.expand_dims(chunks[1], -2))
-    if same.shape.rank == 2:
-        same = tf.expand_dims(same, 0)
-    return same if mask is None else tf.logical_and(tf.cast(mask, tf.bool), same)
+    same = ops.equal(ops.expand_dims(chunks[0], -1), ops.expand_dims(chunks[1], -2))
+    if len(same.shape) == 2:
+        same = ops.expand_dims(same, 0)
+    return same if mask is None else ops.logical_and(ops.cast(mask, "bool"), same)
 
 
 def chunk_of(index, padding_mask, chunk_size: int):
     """The chunk of each token `index` (`(length,)`): `(length,)`, or `(batch, length)` counted
     from each row's first real token when `padding_mask` `(batch, length)` is given."""
     if padding_mask is None:
-        return tf.math.floordiv(index, chunk_size)
-    real = tf.cast(tf.cast(padding_mask, tf.bool), tf.int32)
-    left_padding = tf.reduce_sum(tf.cast(tf.equal(tf.cumsum(real, axis=1), 0), tf.int32), 1)
-    return tf.math.floordiv(tf.expand_dims(index, 0) - tf.expand_dims(left_padding, 1), chunk_size)
+        return ops.floor_divide(index, chunk_size)
+    real = ops.cast(ops.cast(padding_mask, "bool"), "int32")
+    left_padding = ops.sum(ops.cast(ops.equal(ops.cumsum(real, axis=1), 0), "int32"), 1)
+    return ops.floor_divide(
+        ops.expand_dims(index, 0) - ops.expand_dims(left_padding, 1), chunk_size
+    )

@@ -35,23 +35,6 @@ def uses_tensorflow() -> bool:
     return keras.backend.backend() == "tensorflow"
 
 
-def tensorflow_only(layer_class) -> None:
-    """Make `layer_class` raise a NotImplementedError naming the backend when constructed."""
-    construct = layer_class.__init__
-
-    def __init__(self, *args, **kwargs):
-        if not uses_tensorflow():
-            raise NotImplementedError(
-                f"{layer_class.__name__} runs on the TensorFlow backend only so far, and Keras "
-                f"is running on {keras.backend.backend()!r}. Build the model with "
-                "KERAS_BACKEND=tensorflow, or use RotaryEmbedding (which runs on every backend) "
-                "inside your own attention layer."
-            )
-        construct(self, *args, **kwargs)
-
-    layer_class.__init__ = __init__
-
-
 # --------------------------------------------------------------------------------------
 # Values known now, checks, poison
 
@@ -441,3 +424,63 @@ def add_rounded_once(inputs, rows):
     """`inputs + rows` in the accumulation dtype, cast back once."""
     wide = accumulation_dtype(inputs.dtype)
     return ops.cast(ops.cast(inputs, wide) + ops.cast(rows, wide), inputs.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# The attention layers' shared call (`keras_posenc._kv_cache`, `_attend`,
+# `_rotary_attention`): what it asks of this backend, under the names `keras_posenc._tf`
+# gives TensorFlow's answers. Shapes are static here; a value is known unless traced.
+
+
+def static_value(value):
+    """`value` as a Python int or numpy array when it is known now, else None (traced)."""
+    return known(value)
+
+
+def asserted(condition, message: list):
+    """`condition` itself: no graph to assert in. A value known now was checked (and
+    raised) already; a traced one makes the outputs NaN through `condition`."""
+    del message
+    return condition
+
+
+def run_time_size(x, axis: int):
+    """The size of `x` along `axis` (an int, or a symbolic size under `jax.export`)."""
+    return ops.shape(x)[axis]
+
+
+def run_time_shape(x):
+    """The shape of `x` as an int32 vector."""
+    return ops.convert_to_tensor(list(ops.shape(x)), "int32")
+
+
+def take(x, indices, axis: int):
+    return ops.take(x, indices, axis=axis)
+
+
+def writes_in_place() -> bool:
+    """A cache write is a dynamic update slice (`jax.lax.dynamic_update_slice`; torch
+    writes the slots of a copy): one compilation serves a traced index."""
+    return True
+
+
+def positions_of_padding(mask, start_index=0):
+    """A padded row's positions (`positions.positions_from_mask`): `start_index +
+    cumsum(mask) - 1`, clamped at `start_index`. A bad start known now raises; a traced one
+    gives negative positions, which the rotation then poisons."""
+    positions, _ = positions_from_mask(mask, start_index, 1)
+    return positions
+
+
+def as_int32_positions(x):
+    """Integers as int32, saturated (as `_tf.as_int32_positions`)."""
+    return int32_saturated(x)
+
+
+def widest_int() -> str:
+    """int64, but int32 on JAX without x64 (which truncates int64 to it, with a warning)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return "int64" if jax.config.jax_enable_x64 else "int32"
+    return "int64"

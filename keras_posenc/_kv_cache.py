@@ -2,15 +2,33 @@
 
 A cache is `(batch, 2, max_length, num_key_value_heads, head_dim)`, keys (rotated) and
 values; a call writes its new tokens at `cache_update_index` and keeps every shape static.
+Written in `keras.ops` for every backend; what differs between them comes from
+`_attend.tricks()` (values known while tracing, graph assertions, the kind of write).
 """
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._attend import chunk_of
-from keras_posenc._lazy import _tf, tf
+from keras_posenc._attend import chunk_of, tricks
+
+
+def _dtype(x) -> str:
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def _rank(x) -> int | None:
+    """The rank of `x`, None where unknown (a TensorFlow graph)."""
+    return x.shape.rank if hasattr(x.shape, "rank") else len(x.shape)
+
+
+def _shape_text(x) -> str:
+    """`x.shape` as TensorFlow prints it: `(2, None, 8)`, `<unknown>` for an unknown rank."""
+    if _rank(x) is None:
+        return "<unknown>"
+    return "(" + ", ".join(str(size) for size in x.shape) + ("," if _rank(x) == 1 else "") + ")"
 
 
 def known_int(value, name: str = "cache_update_index"):
@@ -26,9 +44,9 @@ def known_int(value, name: str = "cache_update_index"):
     if isinstance(value, (int, np.integer)):
         return int(value)
     dtype = getattr(value, "dtype", None)
-    if dtype is not None and not tf.as_dtype(dtype).is_integer:
-        raise TypeError(f"{what}, got a {tf.as_dtype(dtype).name} value.")
-    known = tf.get_static_value(value)
+    if dtype is not None and "int" not in _dtype(value):
+        raise TypeError(f"{what}, got a {_dtype(value)} value.")
+    known = tricks().static_value(value)
     if known is None:
         return None
     known = np.asarray(known)
@@ -46,25 +64,24 @@ def checked_update_index(cache_update_index):
     """`cache_update_index` as a Python int or a scalar int32 tensor."""
     if known_int(cache_update_index) is not None:
         return known_int(cache_update_index)
-    index = tf.convert_to_tensor(cache_update_index)
-    if not index.dtype.is_integer or index.shape.rank not in (None, 0):
+    index = ops.convert_to_tensor(cache_update_index)
+    if "int" not in _dtype(index) or _rank(index) not in (None, 0):
         raise TypeError(
             "cache_update_index must be a scalar int32 or int64, got "
-            f"{index.dtype.name} of shape {index.shape}. It is the cache slot of the first "
-            "new token (the number of tokens already in the cache)."
+            f"{_dtype(index)} of shape {_shape_text(index)}. It is the cache slot of the "
+            "first new token (the number of tokens already in the cache)."
         )
-    if index.dtype != tf.int32:
-        bounds = np.iinfo(np.int32)
-        index = tf.clip_by_value(tf.cast(index, tf.int64), bounds.min, bounds.max)
-    return tf.cast(index, tf.int32)
+    if _dtype(index) != "int32":
+        index = tricks().as_int32_positions(index)  # saturated: 2^32 + 5 is not 5
+    return index
 
 
-def static_size(x: tf.Tensor, axis: int):
+def static_size(x, axis: int):
     """`x.shape[axis]` as a Python int when known, else the run-time size."""
-    return int(x.shape[axis]) if x.shape[axis] is not None else tf.shape(x)[axis]
+    return int(x.shape[axis]) if x.shape[axis] is not None else tricks().run_time_size(x, axis)
 
 
-def columns(x: tf.Tensor, start, length) -> tf.Tensor:
+def columns(x, start, length):
     """`x[:, start : start + length]` for a run-time `start`.
 
     A gather, not `tf.slice(x, [0, start], [-1, length])`: XLA needs the begin of a slice
@@ -72,21 +89,25 @@ def columns(x: tf.Tensor, start, length) -> tf.Tensor:
     """
     # Clamped: a start past the cache is refused (or its outputs made NaN) by the caller,
     # and onnxruntime would otherwise fail here with an error that does not name it.
-    columns = tf.clip_by_value(start + tf.range(length), 0, tf.shape(x)[1] - 1)
-    return tf.gather(x, columns, axis=1)
+    columns = ops.clip(
+        start + ops.arange(length, dtype="int32"), 0, tricks().run_time_size(x, 1) - 1
+    )
+    return tricks().take(x, columns, axis=1)
 
 
-def written(cache: tf.Tensor, update: tf.Tensor, index, new, max_length: int) -> tf.Tensor:
+def written(cache, update, index, new, max_length: int):
     """`cache (batch, 2, max_length, ...)` with `update (batch, 2, new, ...)` at slot `index`."""
-    if _tf.in_xla_context():
-        # A dynamic update slice: XLA writes the new slots into a copy of the cache.
+    if tricks().writes_in_place():
+        # A dynamic update slice (XLA, JAX; torch eagerly): the new slots written into a
+        # copy of the cache, at a run-time index without another compilation.
         return ops.slice_update(cache, [0, 0, index, 0, 0], update)
-    # Elsewhere the same as a select between the cache and the update gathered to every
-    # slot: tf2onnx cannot convert XlaDynamicUpdateSlice, and a select exports anywhere.
-    offset = tf.range(max_length) - index
+    # Elsewhere (TensorFlow without XLA) the same as a select between the cache and the
+    # update gathered to every slot: tf2onnx cannot convert XlaDynamicUpdateSlice, and a
+    # select exports anywhere.
+    offset = ops.arange(max_length, dtype="int32") - index
     inside = (offset >= 0) & (offset < new)
-    placed = tf.gather(update, tf.clip_by_value(offset, 0, new - 1), axis=2)
-    return tf.where(inside[None, None, :, None, None], placed, cache)
+    placed = tricks().take(update, ops.clip(offset, 0, new - 1), axis=2)
+    return ops.where(inside[None, None, :, None, None], placed, cache)
 
 
 def checked_slots(index, new, max_length: int):
@@ -107,19 +128,15 @@ def checked_slots(index, new, max_length: int):
             )
         return None
     valid = (index >= 0) & (index <= max_length - new)
-    if not tf.executing_eagerly():
-        assertion = tf.debugging.Assert(
-            valid,
-            [
-                f"cache_update_index plus the new tokens must stay within the cache's "
-                f"max_length {max_length}; cache_update_index and the new tokens follow.",
-                index,
-                new,
-            ],
-        )
-        with tf.control_dependencies([assertion]):
-            valid = tf.identity(valid)
-    return valid
+    return tricks().asserted(
+        valid,
+        [
+            f"cache_update_index plus the new tokens must stay within the cache's "
+            f"max_length {max_length}; cache_update_index and the new tokens follow.",
+            index,
+            new,
+        ],
+    )
 
 
 def checked_cache_call(return_scores, value_mask, key_mask, query_at, key_at) -> None:
@@ -148,25 +165,25 @@ def checked_cache_call(return_scores, value_mask, key_mask, query_at, key_at) ->
         )
 
 
-def checked_cache(cache, kv_heads: int, key_dim: int, value_dim: int) -> tuple[tf.Tensor, int]:
+def checked_cache(cache, kv_heads: int, key_dim: int, value_dim: int) -> tuple:
     """`(cache as a tensor, its max_length)`, or a ValueError saying what shape it needs."""
-    cache = tf.convert_to_tensor(cache)
+    cache = ops.convert_to_tensor(cache)
     if key_dim != value_dim:
         raise ValueError(
             f"A cache holds keys and values of one size, but key_dim={key_dim} and "
             f"value_dim={value_dim}; leave value_dim None to use a cache."
         )
     shape = cache.shape
-    if shape.rank != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
+    if _rank(cache) != 5 or shape[1] != 2 or shape[3] != kv_heads or shape[4] != key_dim:
         raise ValueError(
             "cache must have shape (batch, 2, max_length, num_key_value_heads, head_dim) "
-            f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {shape}."
+            f"= (batch, 2, max_length, {kv_heads}, {key_dim}), got {_shape_text(cache)}."
         )
     if shape[2] is None:
         raise ValueError("The cache's max_length (axis 2) must be known, got None.")
-    if not cache.dtype.is_floating:
+    if "float" not in _dtype(cache):
         raise TypeError(
-            f"cache must hold floating-point keys and values, got {cache.dtype.name}: an "
+            f"cache must hold floating-point keys and values, got {_dtype(cache)}: an "
             "integer cache would truncate them. Start from np.zeros(shape, 'float32')."
         )
     return cache, int(shape[2])
@@ -195,47 +212,38 @@ def checked_batches(cache, queries, cache_mask):
     mask_known = cache_mask is None or (cache_mask.shape[0] is not None and cache_batch is not None)
     if batch is not None and cache_batch is not None and mask_known:
         return None
-    same = tf.equal(tf.shape(queries)[0], tf.shape(cache)[0])
-    if not tf.executing_eagerly():
-        same = _asserted(same, ["The cache's batch is not the queries' batch:", tf.shape(cache)[0]])
+    size = tricks().run_time_size
+    same = ops.equal(size(queries, 0), size(cache, 0))
+    same = tricks().asserted(same, ["The cache's batch is not the queries' batch:", size(cache, 0)])
     if cache_mask is not None:
         # A batch-1 mask would broadcast: every row given row 0's padding.
-        same_mask = tf.equal(tf.shape(cache_mask)[0], tf.shape(cache)[0])
-        if not tf.executing_eagerly():
-            same_mask = _asserted(
-                same_mask,
-                [
-                    "cache_mask has a batch other than the cache: give one row of cache_mask "
-                    "per cache row, (batch, max_length). The batches of cache_mask and cache:",
-                    tf.shape(cache_mask)[0],
-                    tf.shape(cache)[0],
-                ],
-            )
-        same &= same_mask
+        same_mask = tricks().asserted(
+            ops.equal(size(cache_mask, 0), size(cache, 0)),
+            [
+                "cache_mask has a batch other than the cache: give one row of cache_mask "
+                "per cache row, (batch, max_length). The batches of cache_mask and cache:",
+                size(cache_mask, 0),
+                size(cache, 0),
+            ],
+        )
+        same = same & same_mask
     return same
-
-
-def _asserted(condition: tf.Tensor, message: list) -> tf.Tensor:
-    """`condition`, after an assertion of it (in a graph; XLA and the converters drop it)."""
-    assertion = tf.debugging.Assert(condition, message)
-    with tf.control_dependencies([assertion]):
-        return tf.identity(condition)
 
 
 def checked_cache_mask(cache_mask, max_length: int):
     """`cache_mask` (None, or one entry per slot and batch row) as a tensor."""
     if cache_mask is None:
         return None
-    cache_mask = tf.convert_to_tensor(cache_mask)
-    if cache_mask.shape.rank != 2 or cache_mask.shape[1] not in (None, max_length):
+    cache_mask = ops.convert_to_tensor(cache_mask)
+    if _rank(cache_mask) != 2 or cache_mask.shape[1] not in (None, max_length):
         raise ValueError(
             f"cache_mask must have shape (batch, max_length={max_length}), "
-            f"got {cache_mask.shape}: one entry per cache slot, false for padding."
+            f"got {_shape_text(cache_mask)}: one entry per cache slot, false for padding."
         )
     return cache_mask
 
 
-def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length: int):
+def checked_attention_mask(attention_mask, queries, steps, max_length: int):
     """`(attention_mask, validity)` with a cache: the mask `(batch, steps, max_length)` over
     the slots as a tensor (or None), and None or a scalar validity tensor of its shape.
 
@@ -246,16 +254,17 @@ def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length
     """
     if attention_mask is None:
         return None, None
-    attention_mask = tf.convert_to_tensor(attention_mask)
+    attention_mask = ops.convert_to_tensor(attention_mask)
     shape = attention_mask.shape
     known_steps = steps if isinstance(steps, int) else None
-    if shape.rank != 3 or any(
+    if _rank(attention_mask) != 3 or any(
         size is not None and want is not None and size != want
         for size, want in zip(shape[1:], (known_steps, max_length), strict=True)
     ):
         raise ValueError(
             f"attention_mask with a cache must be (batch, {known_steps or 'steps'}, "
-            f"{max_length}): one entry per new query and cache slot, got {shape}."
+            f"{max_length}): one entry per new query and cache slot, got "
+            f"{_shape_text(attention_mask)}."
         )
     batch = queries.shape[0]
     if shape[0] not in (None, 1) and batch is not None and shape[0] != batch:
@@ -268,24 +277,23 @@ def checked_attention_mask(attention_mask, queries: tf.Tensor, steps, max_length
         return attention_mask, None
     # Sizes known only at run time: a (batch, 1, max_length) mask would broadcast over
     # the queries, which eagerly is refused above (a batch-1 mask is every row's).
-    sizes = tf.shape(attention_mask)
-    wanted = tf.stack([tf.shape(queries)[0], tf.cast(steps, tf.int32), max_length])
-    fits = tf.reduce_all(tf.equal(sizes[1:], wanted[1:]))
-    fits &= tf.equal(sizes[0], wanted[0]) | tf.equal(sizes[0], 1)
-    if not tf.executing_eagerly():
-        fits = _asserted(
-            fits,
-            [
-                "attention_mask with a cache must be (batch or 1, steps, max_length): one "
-                "entry per row, new query and cache slot. Its sizes, then the wanted ones:",
-                sizes,
-                wanted,
-            ],
-        )
+    sizes = tricks().run_time_shape(attention_mask)
+    wanted = ops.stack([tricks().run_time_size(queries, 0), ops.cast(steps, "int32"), max_length])
+    fits = ops.all(ops.equal(sizes[1:], wanted[1:]))
+    fits = fits & ops.equal(sizes[0], wanted[0]) | ops.equal(sizes[0], 1)
+    fits = tricks().asserted(
+        fits,
+        [
+            "attention_mask with a cache must be (batch or 1, steps, max_length): one "
+            "entry per row, new query and cache slot. Its sizes, then the wanted ones:",
+            sizes,
+            wanted,
+        ],
+    )
     return attention_mask, fits
 
 
-def visible_slots(sizes, causal: bool, limits, masks) -> tf.Tensor:
+def visible_slots(sizes, causal: bool, limits, masks):
     """Which cache slots each new query sees: `(batch or 1, steps, max_length)` bools.
 
     `sizes` is `(index, steps, new, max_length)`; `limits` `(window, chunk_size)`, each
@@ -296,24 +304,25 @@ def visible_slots(sizes, causal: bool, limits, masks) -> tf.Tensor:
     index, steps, new, max_length = sizes
     window, chunk_size = limits
     cache_mask, query_mask, attention_mask = masks
-    slot = tf.range(max_length)[None, None, :]
-    query_slot = index + tf.range(steps)[None, :, None]
+    slot = ops.arange(max_length, dtype="int32")[None, None, :]
+    query_slot = index + ops.arange(steps, dtype="int32")[None, :, None]
+    # (`visible = visible & (...)`, not `&=`: torch's in-place `&=` does not broadcast.)
     visible = slot < index + new  # the filled part only
     if causal:
-        visible &= slot <= query_slot
+        visible = visible & (slot <= query_slot)
     if window is not None:
-        visible &= tf.abs(query_slot - slot) < window
+        visible = visible & (ops.abs(query_slot - slot) < window)
     if chunk_size is not None:
         # Chunks count from a row's first real slot (transformers' left padding).
-        slot_chunk = chunk_of(tf.range(max_length), cache_mask, chunk_size)
+        slot_chunk = chunk_of(ops.arange(max_length, dtype="int32"), cache_mask, chunk_size)
         if cache_mask is None:
-            slot_chunk = tf.expand_dims(slot_chunk, 0)
+            slot_chunk = ops.expand_dims(slot_chunk, 0)
         query_chunk = columns(slot_chunk, index, steps)
-        visible &= tf.expand_dims(query_chunk, -1) == tf.expand_dims(slot_chunk, -2)
+        visible = visible & (ops.expand_dims(query_chunk, -1) == ops.expand_dims(slot_chunk, -2))
     if cache_mask is not None:
-        visible &= tf.cast(cache_mask, tf.bool)[:, None, :]
+        visible = visible & ops.cast(cache_mask, "bool")[:, None, :]
     if query_mask is not None:
-        visible &= tf.cast(query_mask, tf.bool)[:, :, None]
+        visible = visible & ops.cast(query_mask, "bool")[:, :, None]
     if attention_mask is not None:
-        visible &= tf.cast(attention_mask, tf.bool)
+        visible = visible & ops.cast(attention_mask, "bool")
     return visible

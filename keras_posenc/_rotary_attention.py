@@ -16,7 +16,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._attend import attend, tempered, within_chunks
+from keras_posenc import _keras_private as private
+from keras_posenc._attend import attend, tempered, tricks, within_chunks
 from keras_posenc._kv_cache import (
     checked_attention_mask,
     checked_batches,
@@ -30,7 +31,6 @@ from keras_posenc._kv_cache import (
     visible_slots,
     written,
 )
-from keras_posenc._lazy import _tf, tf
 from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_rope_options: re-exported
     OLD_ROPE_NAMES,
     ROPE_DEFAULTS,
@@ -38,7 +38,6 @@ from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_r
     is_nope,
     renamed_rope_options,
 )
-from keras_posenc.positions import positions_from_mask
 from keras_posenc.query_key_norm import QueryKeyNorm, checked_query_key_norm, is_after_rope
 from keras_posenc.rotary import RotaryEmbedding
 
@@ -48,9 +47,10 @@ class RotaryAttention:
 
     Listed before the Keras base class, it replaces the base's `call` and adds the rotary
     part to its `build` and `get_config`; the base keeps its weights, masks
-    (`_tf.attention_mask`) and softmax, reached through `keras_posenc._tf`. A subclass defines
-    `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim, value_dim)`,
-    `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
+    (`attention_mask`) and softmax, reached through `keras_posenc._keras_private`. The call
+    is `keras.ops` on every backend, a backend's differences behind `_attend.tricks()`.
+    A subclass defines `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim,
+    value_dim)`, `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
 
     # The head arguments' names in `transformers_config.attention_arguments`.
@@ -76,18 +76,22 @@ class RotaryAttention:
         )
         return cls(**{**arguments, **overrides})
 
-    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`.
-    query_temperature = None  # an AttentionTemperature, or None
+    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`. The
+    # sublayers (`query_temperature`, `query_norm`, `key_norm`) are set on each layer in
+    # `_init_*`, never given a class-level default: on torch a Keras layer is a
+    # `torch.nn.Module`, which keeps sublayers apart from the instance's attributes, and a
+    # class attribute of the same name would hide them (reading None).
     attention_chunk_size = None
     # The query / key norms (`keras_posenc.query_key_norm`); their layers are made in build.
     query_key_norm = None
     query_key_norm_epsilon = 1e-6
-    query_norm = key_norm = None
 
     def _init_query_key_norm(self, kind: str | None, epsilon: float) -> None:
         self.query_key_norm, self.query_key_norm_epsilon = checked_query_key_norm(kind, epsilon)
+        self.query_norm = self.key_norm = None
 
     def _init_rotary(self, options: dict, positions_from_mask: bool) -> None:
+        self.query_temperature = None  # an AttentionTemperature, or None
         self.rotary_embedding = None  # rope_dim=0: a NoPE layer
         if not is_nope(options):
             self.rotary_embedding = RotaryEmbedding(
@@ -169,10 +173,10 @@ class RotaryAttention:
         key_given = key is not None
         key = value if key is None else key
         if query_mask is None:
-            query_mask = _tf.get_keras_mask(query)
+            query_mask = private.get_keras_mask(query)
         # The masks are applied here; the projections must not see (and warn about) them.
         for tensor in (query, value, key):
-            _tf.set_keras_mask(tensor, None)
+            private.set_keras_mask(tensor, None)
         gate, *heads = self._project(query, key, value)
         masks = {"query_mask": query_mask, "value_mask": value_mask, "key_mask": key_mask}
         query_at, key_at = (query_positions, query_start_index), (key_positions, key_start_index)
@@ -210,11 +214,11 @@ class RotaryAttention:
         output, scores = attend(
             self, *heads, attention_mask, causal_only, training, return_attention_scores
         )
-        output = _tf.attention_part(self, "output_dense")(
+        output = private.attention_part(self, "output_dense")(
             output if gate is None else ops.multiply(output, gate)
         )
         if query_mask is not None:
-            _tf.set_keras_mask(output, query_mask)
+            private.set_keras_mask(output, query_mask)
         if new_cache is not None:
             return output, new_cache
         if return_attention_scores:
@@ -223,12 +227,12 @@ class RotaryAttention:
 
     def _project(self, query, key, value):
         """`(gate or None, query heads, key heads, value heads)`: the base layer's projections."""
-        gate = _tf.attention_part(self, "gate_dense")(query) if self._uses_gate() else None
+        gate = private.attention_part(self, "gate_dense")(query) if self._uses_gate() else None
         return (
             gate,
-            _tf.attention_part(self, "query_dense")(query),
-            _tf.attention_part(self, "key_dense")(key),
-            _tf.attention_part(self, "value_dense")(value),
+            private.attention_part(self, "query_dense")(query),
+            private.attention_part(self, "key_dense")(key),
+            private.attention_part(self, "value_dense")(value),
         )
 
     def _positions_without_cache(self, masks: dict, key_given: bool, query_at, key_at):
@@ -244,23 +248,25 @@ class RotaryAttention:
             query_mask = masks["query_mask"]
             own_key_mask = masks["key_mask"] if key_given else masks["value_mask"]
             if query_positions is None and query_mask is not None:
-                query_positions = self._on_every_axis(positions_from_mask(query_mask, query_start))
+                query_positions = self._on_every_axis(
+                    tricks().positions_of_padding(query_mask, query_start)
+                )
                 query_start = 0
             if key_positions is None and own_key_mask is not None:
                 if own_key_mask is query_mask and key_start is query_start:
                     key_positions = query_positions
                 else:
                     key_positions = self._on_every_axis(
-                        positions_from_mask(own_key_mask, key_start)
+                        tricks().positions_of_padding(own_key_mask, key_start)
                     )
                 key_start = 0
         return (query_positions, query_start), (key_positions, key_start)
 
-    def _on_every_axis(self, positions: tf.Tensor) -> tf.Tensor:
+    def _on_every_axis(self, positions):
         """`(batch, sequence)` positions of padded text, the same on every axis of a
         multi-axis RoPE (`(batch, sequence, axes)`, as `RotaryEmbedding` takes them)."""
         axes = 1 if self.rotary_embedding is None else self.rotary_embedding._axes
-        return positions if axes == 1 else tf.stack([positions] * axes, -1)
+        return positions if axes == 1 else ops.stack([positions] * axes, -1)
 
     def _mask_without_cache(
         self, query, value, masks: dict, attention_mask, use_causal_mask, start_indices
@@ -280,7 +286,7 @@ class RotaryAttention:
             and self.attention_chunk_size is None
         )
         if not causal_only:
-            attention_mask = _tf.attention_mask(
+            attention_mask = private.attention_mask(
                 self,
                 query,
                 value,
@@ -296,7 +302,7 @@ class RotaryAttention:
             attention_mask = within_chunks(
                 attention_mask,
                 self.attention_chunk_size,
-                (tf.shape(query)[1], tf.shape(value)[1]),
+                (tricks().run_time_size(query, 1), tricks().run_time_size(value, 1)),
                 start_indices,
                 (masks["query_mask"], key_padding),
             )
@@ -369,7 +375,7 @@ class RotaryAttention:
                 valid = validity if valid is None else valid & validity
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
-            slots = self._on_every_axis(positions_from_mask(cache_mask))
+            slots = self._on_every_axis(tricks().positions_of_padding(cache_mask))
             if query_positions is None:
                 query_positions = columns(slots, index, steps)
             if key_positions is None:
@@ -389,13 +395,12 @@ class RotaryAttention:
         if valid is not None:
             # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
             # the select covers the new tokens only, and an exported graph stays safe
-            # whichever way it was traced.
+            # whichever way it was traced (under `jax.jit`, the traced checks' answer).
             query_heads, key_heads, value_heads = (
-                tf.where(valid, x, tf.constant(float("nan"), x.dtype))
-                for x in (query_heads, key_heads, value_heads)
+                ops.where(valid, x, float("nan")) for x in (query_heads, key_heads, value_heads)
             )
 
-        update = tf.cast(tf.stack([key_heads, value_heads], axis=1), cache.dtype)
+        update = ops.cast(ops.stack([key_heads, value_heads], axis=1), cache.dtype)
         new_cache = written(cache, update, index, new, max_length)
         keys, values = new_cache[:, 0], new_cache[:, 1]
 

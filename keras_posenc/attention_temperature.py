@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
+from keras import ops
 
-from keras_posenc._lazy import tf
+from keras_posenc._keras_ops import widest_int
 from keras_posenc.scaling_keys import short_repr
 
 
@@ -56,12 +58,16 @@ class AttentionTemperature(keras.layers.Layer):
         self.attn_scale = float(attn_scale)
 
     def call(self, positions):
-        positions = tf.convert_to_tensor(positions)
-        if not positions.dtype.is_integer:
-            raise TypeError(f"positions must be integers, got {positions.dtype.name}.")
-        steps = tf.math.floordiv(tf.cast(positions, tf.int64) + 1, self.floor_scale)
+        positions = ops.convert_to_tensor(positions)
+        dtype = keras.backend.standardize_dtype(positions.dtype)
+        if "int" not in dtype:
+            raise TypeError(f"positions must be integers, got {dtype}.")
+        # int64 where the backend has it (JAX without x64: int32, positions below 2^31 - 1
+        # as the attention's int32 indices are anyway).
+        wide = widest_int()
+        steps = ops.floor_divide(ops.cast(positions, wide) + 1, np.asarray(self.floor_scale, wide))
         # log(1 + n), not log1p: tf2onnx has no Log1p, and 1 + n is exact for an integer n.
-        return tf.math.log(tf.cast(steps, tf.float32) + 1.0) * self.attn_scale + 1.0
+        return ops.log(ops.cast(steps, "float32") + 1.0) * self.attn_scale + 1.0
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc._lazy import _tf
+from keras_posenc import _keras_private as private
 from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
 from keras_posenc._rotary_attention import RotaryAttention
 
@@ -133,10 +133,10 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
         return self.num_heads, self.num_heads, self.key_dim, self.value_dim
 
     def _scale(self) -> float:
-        return _tf.attention_part(self, "inverse_sqrt_key_dim")
+        return private.attention_part(self, "inverse_sqrt_key_dim")
 
     def _window(self) -> int | None:
-        return _tf.attention_part(self, "sliding_window")
+        return private.attention_part(self, "sliding_window")
 
     def _uses_gate(self) -> bool:
-        return _tf.attention_part(self, "use_gate")
+        return private.attention_part(self, "use_gate")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc._lazy import _tf
+from keras_posenc import _keras_private as private
 from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
 from keras_posenc._rotary_attention import RotaryAttention
 from keras_posenc.attention_temperature import AttentionTemperature
@@ -165,7 +165,7 @@ class RotaryGroupQueryAttention(RotaryAttention, keras.layers.GroupQueryAttentio
         return self.num_query_heads, self.num_key_value_heads, self.head_dim, self.head_dim
 
     def _scale(self) -> float:
-        return _tf.attention_part(self, "inverse_sqrt_head_dim")
+        return private.attention_part(self, "inverse_sqrt_head_dim")
 
     # `sliding_window` (Keras 3.15) and `use_gate` (3.14) are absent from older Keras.
     def _window(self) -> int | None:

@@ -1,8 +1,9 @@
-"""The encoder layers on JAX and PyTorch give TensorFlow's results (issue #28).
+"""The layers on JAX and PyTorch give TensorFlow's results (issue #28).
 
 Each backend runs tests/backends/ in its own process (Keras picks its backend once per
-process), comparing with the float64 formula and with the TensorFlow outputs computed here
-for the same cases (tests/backends/cases.py).
+process), comparing with the float64 formulas and with the TensorFlow outputs computed here
+for the same cases (tests/backends/cases.py: the encoder layers; attention_cases.py: the
+attention layers, their KV cache and a decoder_models step).
 """
 
 from __future__ import annotations
@@ -20,18 +21,29 @@ TESTS = Path(__file__).resolve().parent
 BACKEND_TESTS = TESTS / "backends"
 
 
-def _cases():
-    spec = importlib.util.spec_from_file_location("backend_cases", BACKEND_TESTS / "cases.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _module(name: str):
+    """tests/backends/<name>.py (its own imports, such as `cases`, found beside it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BACKEND_TESTS))
+        spec = importlib.util.spec_from_file_location(
+            f"backend_{name}", BACKEND_TESTS / f"{name}.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module
 
 
 @pytest.fixture(scope="module")
 def tf_results(tmp_path_factory) -> Path:
-    cases = _cases()
+    """TensorFlow's eager outputs of every case: the encoder cases by name, the attention
+    cases as `attention:<case>:<output>`."""
+    cases, attention = _module("cases"), _module("attention_cases")
+    results = {name: cases.run(name) for name in cases.CASES}
+    for name in attention.CASES:
+        for output, value in attention.run(name).items():
+            results[f"attention:{name}:{output}"] = value
     path = tmp_path_factory.mktemp("backends") / "tensorflow.npz"
-    np.savez(path, **{name: cases.run(name) for name in cases.CASES})
+    np.savez(path, **results)
     return path
 
 

@@ -19,6 +19,18 @@ import tensorflow as tf
 # A host array as a graph constant (defined without TensorFlow: every backend's tables hold it).
 from keras_posenc._host_constant import HostConstant  # noqa: F401
 
+# What the attention layers' shared call asks of this backend (see `attention`; the same
+# names are in `keras_posenc._keras_ops` for JAX and PyTorch).
+from keras_posenc._tf.attention import (  # noqa: F401
+    asserted,
+    positions_of_padding,
+    run_time_shape,
+    run_time_size,
+    static_value,
+    take,
+    writes_in_place,
+)
+
 # The private TensorFlow and Keras APIs, each behind a named function (see `private`).
 from keras_posenc._tf.private import (  # noqa: F401
     AutoTrackable,

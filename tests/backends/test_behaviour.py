@@ -2,8 +2,7 @@
 
 Bad input raises a clear error where its value is known (eagerly) and gives NaN where
 `jax.jit` traces it, as XLA does in TensorFlow; a traced start or positions compile once
-per shape; the layers train inside a Keras model; the attention layers say they need
-TensorFlow for now.
+per shape; the layers train inside a Keras model (the attention layers: test_attention_*).
 """
 
 from __future__ import annotations
@@ -143,14 +142,6 @@ def test_trains_in_a_model():
     assert np.all(np.isfinite(history.history["loss"]))
     assert not np.allclose(keras.ops.convert_to_numpy(model.layers[2].embeddings), before)
     assert model.predict(X, verbose=0).shape == (2, 1)
-
-
-@pytest.mark.parametrize(
-    "layer", ["RotaryMultiHeadAttention", "RotaryGroupQueryAttention", "DecoderBlock"]
-)
-def test_attention_layers_name_the_backend(layer):
-    with pytest.raises(NotImplementedError, match=f"TensorFlow backend only.*'{BACKEND}'"):
-        getattr(kp, layer)(num_heads=2, key_dim=8)
 
 
 def test_saved_and_loaded_as_keras_file(tmp_path):

@@ -1,9 +1,12 @@
-"""Runs every backend case with TensorFlow made unimportable: the layers need none off TensorFlow.
+"""Runs the backend cases with TensorFlow made unimportable: the layers need none off TensorFlow.
 
 `python tests/backends/without_tensorflow.py` under KERAS_BACKEND=jax or torch (started by
 tests/test_backends.py). `sys.modules["tensorflow"] = None` makes `import tensorflow` fail
-as on a machine without it; each case runs eagerly (and under `jax.jit` on JAX), and so
-do the table helpers a user calls; any import of TensorFlow is an error with its traceback.
+as on a machine without it; each encoder case runs eagerly (and under `jax.jit` on JAX),
+and so do the table helpers a user calls; so do attention cases (`ATTENTION_CASES`):
+grouped-query attention without a cache, multi-head attention decoding into a cache
+(eagerly, and on JAX also under `jax.jit` with the index traced) and a `decoder_models`
+step. Any import of TensorFlow is an error with its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 sys.modules["tensorflow"] = None  # `import tensorflow` now raises ImportError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import attention_cases  # noqa: E402
 import cases  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -44,7 +48,25 @@ def main() -> None:
     learned.build((1, 4, 8))
     learned.resize(20)
     assert kp.sinusoidal_table(3, 4).shape == (3, 4)
-    print(f"{len(cases.CASES)} cases ran on {keras.backend.backend()} without TensorFlow")
+    on_jax = keras.backend.backend() == "jax"
+    for name, jax_modes in ATTENTION_CASES.items():
+        for jit in jax_modes if on_jax else (False,):
+            for output in attention_cases.run(name, jit=jit).values():
+                assert np.all(np.isfinite(output)), name
+    print(
+        f"{len(cases.CASES)} cases and {len(ATTENTION_CASES)} attention cases ran on "
+        f"{keras.backend.backend()} without TensorFlow"
+    )
+
+
+# Grouped-query attention without a cache, multi-head attention decoding into a cache, the
+# decoder: each eagerly; on JAX, where eager calls compile every op, the decode eagerly and
+# jitted, the others jitted.
+ATTENTION_CASES = {
+    "gqa_padded_chunked_tempered_l2": (True,),
+    "mha_cache_window_gate_yarn_gemma_norm": (False, True),
+    "decoder": (True,),
+}
 
 
 if __name__ == "__main__":
