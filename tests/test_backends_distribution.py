@@ -2,10 +2,12 @@
 
 Two fresh processes: tests/backends/test_distribution.py under `KERAS_BACKEND=jax` with 8
 virtual CPU devices (`XLA_FLAGS` must be set before JAX starts, hence a process of its
-own) trains the tiny RoPE encoder of tests/backends/tiny_encoder.py on one device, with
-`DataParallel` and with `ModelParallel`, and saves the ModelParallel model as `.keras`; then
-tests/backends/serve_on_tensorflow.py under `KERAS_BACKEND=tensorflow` loads that file,
-compares its outputs with JAX's and exports it with `keras_posenc.export`.
+own) trains the tiny RoPE encoder of tests/backends/tiny_encoder.py and the tiny decoder
+of tests/backends/tiny_decoder.py on one device, with `DataParallel` and with
+`ModelParallel`, and saves the ModelParallel models as `.keras`; then
+tests/backends/serve_on_tensorflow.py under `KERAS_BACKEND=tensorflow` loads those files,
+compares their outputs with JAX's and exports them with `keras_posenc.export` (the
+decoder with `save_decoder`: onnxruntime-genai's graph and LiteRT, each verified).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ TESTS = Path(__file__).resolve().parent
 BACKEND_TESTS = TESTS / "backends"
 # Keras under TensorFlow against Keras under JAX on the same weights and tokens: the same
 # formula with other kernels (XLA:CPU vs Eigen), so only float32 summation order and
-# exp/softmax rounding differ. About ten reductions of <= 32 terms in sequence, each
-# within gamma_32 ~ 1.9e-6 of the magnitudes it sums: 2e-5 of the output scale bounds it
-# (measured: 6e-8 on logits of size 0.6). Another position row or a lost weight is 1e-2.
+# exp/softmax rounding differ. About ten reductions of <= 64 terms in sequence, each
+# within gamma_64 ~ 3.8e-6 of the magnitudes it sums: 2e-5 of the output scale bounds it
+# (measured: 6e-8 on the encoder's logits of size 0.6, 1.7e-6 on the decoder's of size
+# 3.4). Another position row or a lost weight is 1e-2.
 RELATIVE_TOLERANCE = 2e-5
 
 
@@ -102,3 +105,12 @@ def test_trained_on_jax_loads_and_exports_under_tensorflow(jax_run):
     assert result["passed"], result["summary"]
     for runtime in ("saved_model", "onnxruntime", "litert"):
         assert result["summary"][runtime]["passed"], runtime
+    # The decoder: the same logits as under JAX (prefill and one-token steps with a
+    # left-padded row), and save_decoder's files generate as Keras does.
+    decoder = result["decoder"]
+    assert set(decoder["max_abs_difference"]) == {f"logits_{i}" for i in range(4)}
+    for name, difference in decoder["max_abs_difference"].items():
+        scale = max(1.0, decoder["max_abs_output"][name])
+        assert difference <= RELATIVE_TOLERANCE * scale, (name, difference)
+    assert decoder["passed"], decoder["save_decoder"]
+    assert {name.split("/")[1] for name in decoder["save_decoder"]} == {"onnxruntime", "litert"}

@@ -1,10 +1,12 @@
-"""Load a model trained and saved under JAX, in a fresh TensorFlow process, and export it.
+"""Load models trained and saved under JAX, in a fresh TensorFlow process, and export them.
 
 Run by tests/test_backends_distribution.py as `python serve_on_tensorflow.py FOLDER` with
 `KERAS_BACKEND=tensorflow`, after tests/backends/test_distribution.py wrote
-`FOLDER/trained.keras` and `FOLDER/jax_outputs.npz`. It prints one `RESULT {json}` line:
-the Keras-under-TensorFlow outputs against JAX's, and the export report of
-`keras_posenc.export` (SavedModel, ONNX, LiteRT, `verify_export`).
+`FOLDER/trained.keras` and `FOLDER/jax_outputs.npz` (the encoder) and
+`FOLDER/decoder_step.keras` and `FOLDER/jax_decoder_outputs.npz` (the decoder's step
+model). It prints one `RESULT {json}` line: the Keras-under-TensorFlow outputs against
+JAX's, the export report of `keras_posenc.export` (SavedModel, ONNX, LiteRT,
+`verify_export`) for the encoder, and `save_decoder`'s verification for the decoder.
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tiny_decoder
 import tiny_encoder  # noqa: F401 - registers RotarySelfAttention for loading
 
-from keras_posenc.export import save_litert, save_onnx, save_saved_model, verify_export
+from keras_posenc.export import (
+    save_decoder,
+    save_litert,
+    save_onnx,
+    save_saved_model,
+    verify_export,
+)
 
 
 def main(folder: Path) -> dict:
@@ -59,13 +68,48 @@ def main(folder: Path) -> dict:
         timed_shapes=(),
         raise_on_failure=False,
     )
+    decoder = serve_decoder(folder)
     return {
+        "decoder": decoder,
         "max_abs_difference": differences,
         "max_abs_output": sizes,
         "keras_export_max_abs_difference": keras_export,
         "keras_export_error": keras_export_error,
         "tensorflow_version": tf.__version__,
         "summary": report["summary"],
+        "passed": report["passed"],
+    }
+
+
+def serve_decoder(folder: Path) -> dict:
+    """The decoder's step model: its logits here against JAX's on the same tokens, and
+    `save_decoder` (onnxruntime-genai's GroupQueryAttention graph and LiteRT), verified."""
+    step = keras.saving.load_model(folder / "decoder_step.keras", compile=False)
+    jax_outputs = dict(np.load(folder / "jax_decoder_outputs.npz"))
+    here = tiny_decoder.greedy_probe(step, tokens_after=jax_outputs)
+    differences, sizes = {}, {}
+    for name in jax_outputs:
+        if name.startswith("logits"):
+            differences[name] = float(np.max(np.abs(here[name] - jax_outputs[name])))
+            sizes[name] = float(np.max(np.abs(jax_outputs[name])))
+    report = save_decoder(
+        step,
+        folder / "artifacts" / "decoder",
+        max_length=tiny_decoder.MAX_LENGTH,
+        formats=("onnx", "litert"),
+    )
+    runtimes = {
+        f"{case['name']}/{runtime}": {
+            "passed": result["passed"],
+            "max_abs_error": result["max_abs_error"],
+        }
+        for case in report["cases"]
+        for runtime, result in case["runtimes"].items()
+    }
+    return {
+        "max_abs_difference": differences,
+        "max_abs_output": sizes,
+        "save_decoder": runtimes,
         "passed": report["passed"],
     }
 
