@@ -37,13 +37,10 @@ def _module(name: str):
 def tf_results(tmp_path_factory) -> Path:
     """TensorFlow's eager outputs of every case: the encoder cases by name, the attention
     cases as `attention:<case>:<output>`."""
-    cases, attention = _module("cases"), _module("attention_cases")
-    results = {name: cases.run(name) for name in cases.CASES}
-    for name in attention.CASES:
-        for output, value in attention.run(name).items():
-            results[f"attention:{name}:{output}"] = value
     path = tmp_path_factory.mktemp("backends") / "tensorflow.npz"
-    np.savez(path, **results)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BACKEND_TESTS))  # its `cases` and `attention_cases`
+        np.savez(path, **_module("tensorflow_results").outputs())
     return path
 
 
