@@ -1,21 +1,40 @@
-"""Runs the backend cases with TensorFlow made unimportable: the layers need none off TensorFlow.
+"""Runs the backend cases and checks that nothing imported TensorFlow: off TensorFlow the
+package needs none, and none starts (to claim a GPU beside JAX or PyTorch) where installed.
 
 `python tests/backends/without_tensorflow.py` under KERAS_BACKEND=jax or torch (started by
-tests/test_backends.py). `sys.modules["tensorflow"] = None` makes `import tensorflow` fail
-as on a machine without it; each encoder case runs eagerly (and under `jax.jit` on JAX),
-and so do the table helpers a user calls; so do attention cases (`ATTENTION_CASES`):
-grouped-query attention without a cache, multi-head attention decoding into a cache
-(eagerly, and on JAX also under `jax.jit` with the index traced) and a `decoder_models`
-step. Any import of TensorFlow is an error with its traceback.
+tests/test_backends.py), with TensorFlow installed: each encoder case runs eagerly (and
+under `jax.jit` on JAX), and so do the table helpers a user calls; so do attention cases
+(`ATTENTION_CASES`): grouped-query attention without a cache, multi-head attention
+decoding into a cache (eagerly, and on JAX also under `jax.jit` with the index traced) and
+a `decoder_models` step. Then `tensorflow` must not be in `sys.modules`; the error shows
+where it was first imported. (Keras itself imports TensorFlow, where installed, when it
+serializes an object, as in `model.save`: not done here.)
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
-sys.modules["tensorflow"] = None  # `import tensorflow` now raises ImportError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+class _FirstImport:
+    """A finder that finds nothing and keeps the stack of the first search for TensorFlow
+    (torch's dynamo only looks it up, without importing it)."""
+
+    stack = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" and self.stack is None:
+            frames = [f for f in traceback.extract_stack()[:-1] if "<frozen" not in f.filename]
+            if not any("_dynamo" in frame.filename for frame in frames):
+                self.stack = "".join(traceback.format_list(frames[-10:]))
+
+
+first_import = _FirstImport()
+sys.meta_path.insert(0, first_import)
 
 import attention_cases  # noqa: E402
 import cases  # noqa: E402
@@ -53,6 +72,7 @@ def main() -> None:
         for jit in jax_modes if on_jax else (False,):
             for output in attention_cases.run(name, jit=jit).values():
                 assert np.all(np.isfinite(output)), name
+    assert "tensorflow" not in sys.modules, f"TensorFlow was imported:\n{first_import.stack}"
     print(
         f"{len(cases.CASES)} cases and {len(ATTENTION_CASES)} attention cases ran on "
         f"{keras.backend.backend()} without TensorFlow"
