@@ -125,7 +125,10 @@ class DecoderBlock(keras.layers.Layer):
         self.down = None  # its width is the input's: made in `build`
 
     def _initializer(self):
-        return keras.initializers.get(keras.initializers.serialize(self.kernel_initializer))
+        # A copy per kernel, from the config alone: `keras.initializers.serialize` would
+        # import TensorFlow on every backend where it is installed (Keras checks its types).
+        initializer = self.kernel_initializer
+        return type(initializer).from_config(initializer.get_config())
 
     def _dense(self, units: int, name: str) -> keras.layers.Dense:
         return keras.layers.Dense(

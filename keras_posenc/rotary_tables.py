@@ -9,6 +9,7 @@ of rows (`keras_posenc.rope_scaling` defines the frequencies themselves).
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
 from keras_posenc import _keras_ops, layouts
@@ -107,5 +108,6 @@ def scaled_inverse_frequencies(
             parameters.dynamic_factor,
             parameters.switch_length,
         )
-        return 2 * np.pi * np.asarray(turns, dtype=np.float64)
+        # (A device tensor on torch: to the host first.)
+        return 2 * np.pi * keras.ops.convert_to_numpy(turns).astype(np.float64)
     return parameters.inverse_frequencies
