@@ -19,7 +19,7 @@ tests=(python3 -m pytest tests/backends --noconftest -q -p no:cacheprovider -rf 
   --deselect tests/backends/test_symbolic_export.py::test_keras_export_serves_a_dynamic_sequence_on_tensorflow)
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import sys, jax, torch, keras; print(sys.version.split()[0], 'jax', jax.__version__,
+  KERAS_BACKEND=jax python3 -c "import sys, jax, torch, keras; print(sys.version.split()[0], 'jax', jax.__version__,
   jax.devices(), 'torch', torch.__version__, torch.cuda.get_device_name(), 'keras', keras.__version__)"
 } >"$out/device.txt" 2>&1
 

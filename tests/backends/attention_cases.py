@@ -311,6 +311,23 @@ def cache_mask(name: str):
     return _left_padded(case["padding"], MAX_LENGTH)
 
 
+def padding_queries(name: str, steps: int) -> np.ndarray:
+    """`(batch, steps)` bools: the queries that are padding tokens (a `query_mask`'s zeros,
+    a cached or decoder case's left padding), which attend to no key.
+
+    What such a query's output is, no formula says: TensorFlow, JAX and torch's CPU kernel
+    average the values; torch's CUDA kernels give other finite numbers (measured on an
+    H200, docs/gpu.md). The comparisons leave these rows out, and only hold them finite.
+    """
+    case = CASES[name]
+    if case["kind"] == "plain":
+        query_mask = case["call"].get("query_mask")
+        if query_mask is None:
+            return np.zeros((QUERY[0], steps), bool)
+        return np.asarray(query_mask) == 0
+    return _left_padded(case.get("padding") or (0, 0), steps) == 0
+
+
 def _numpy(x) -> np.ndarray:
     import keras
 
