@@ -290,9 +290,25 @@ def _checked_symbolic_run(start, length, limit: int, hint: str):
 # sin/cos from the host tables
 
 
+# Host tables as this backend's tensors, made once per table, for calls that are not traced
+# (eager torch and JAX): a numpy table given to an op is copied to the device at every call
+# (on a GPU, milliseconds for the split tables: benchmarks/gpu.sh, docs/gpu.md).
+_eager_tensors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def eager_tensors(owner, arrays) -> tuple:
+    """`arrays`, host tables of `owner`, as tensors of this backend, made once per owner."""
+    if owner not in _eager_tensors:
+        _eager_tensors[owner] = tuple(ops.convert_to_tensor(a) for a in arrays)
+    return _eager_tensors[owner]
+
+
 def split_sin_cos(frequencies, positions):
     """`frequencies.sin_cos` here: the two-table split of `frequencies.lookup_sin_cos`."""
-    fine_sin, fine_cos, coarse_sin, coarse_cos = (t.array for t in frequencies._split_tables)
+    tables = tuple(t.array for t in frequencies._split_tables)
+    if not is_traced(positions):  # traced, the numpy tables become constants of the trace
+        tables = eager_tensors(frequencies, tables)
+    fine_sin, fine_cos, coarse_sin, coarse_cos = tables
     positions = ops.cast(positions, "int32")
     coarse = positions // CACHED_POSITIONS
     fine = positions - coarse * CACHED_POSITIONS

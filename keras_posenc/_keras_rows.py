@@ -11,8 +11,6 @@ neither compared nor sliced by while tracing: its runs are gathers, chosen at ru
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 from keras import ops
 
@@ -138,7 +136,8 @@ def _host_run(table: PositionTable, make, start, length: int, traced: bool, fini
     if isinstance(start, int):
         if start + length <= CACHED_POSITIONS and not traced:
             # Eagerly a slice of the table made a tensor once: no copy of the rows per call.
-            return finish(tuple(rows[start : start + length] for rows in _eager_rows(table)))
+            cached = kops.eager_tensors(table, table.cached)
+            return finish(tuple(rows[start : start + length] for rows in cached))
         if start + length <= CACHED_POSITIONS:
             rows = [rows[start : start + length] for rows in cached]
         elif traced:
@@ -200,16 +199,6 @@ def _symbolic_run(table: PositionTable, make, start, length) -> tuple:
 
     fits = (start >= 0) & (start <= CACHED_POSITIONS - ops.convert_to_tensor(length, "int32"))
     return ops.cond(fits, cached, computed)
-
-
-# The cached rows of each live host table as tensors of this backend, for eager calls.
-_eager_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _eager_rows(table: PositionTable) -> tuple:
-    if table not in _eager_tables:
-        _eager_tables[table] = tuple(ops.convert_to_tensor(rows) for rows in table.cached)
-    return _eager_tables[table]
 
 
 def _variable_run(table, start, length: int) -> tuple:
