@@ -14,15 +14,8 @@ from __future__ import annotations
 
 from keras import ops
 
-from keras_posenc import _keras_ops as kops
 from keras_posenc import _keras_private as private
-from keras_posenc._lazy import _tf
-
-
-def tricks():
-    """This backend's tricks module: `keras_posenc._tf` on TensorFlow (imported on first
-    use), else `keras_posenc._keras_ops`."""
-    return _tf if kops.uses_tensorflow() else kops
+from keras_posenc._lazy import tricks  # noqa: F401  re-exported: the attention call asks it
 
 
 def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):
@@ -87,7 +80,7 @@ def tempered(queries, temperature, first_index):
     steps = ops.arange(tricks().run_time_size(queries, 1), dtype="int32")
     index = ops.cast(first_index, "int32") + steps
     scale = ops.reshape(temperature(index), [1, -1, 1, 1])
-    wide = kops.accumulation_dtype(queries.dtype)
+    wide = tricks().accumulation_dtype(queries.dtype)
     return ops.cast(ops.cast(queries, wide) * ops.cast(scale, wide), queries.dtype)
 
 

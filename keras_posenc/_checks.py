@@ -2,19 +2,17 @@
 
 Constructor arguments are checked for their type as well as their value: `"False"` is not a
 bool and `1.9` is not an axis, so neither is coerced into a plausible setting. Values that
-may only be known while a graph runs (positions, start indices) go through `check`, which
-raises now when it can and becomes a graph assertion otherwise.
+may only be known while a graph runs (positions, start indices) go through the backend's
+`tricks().check` (`keras_posenc.positions`), which raises now when it can.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import keras
 import numpy as np
-
-from keras_posenc._lazy import tf
 
 _INTEGER = (int, np.integer)
 
@@ -88,6 +86,12 @@ def checked_choice(name: str, value, choices: Sequence[str]) -> str:
     return value
 
 
+def rank_of(x) -> int | None:
+    """The rank of a tensor or array `x` (None where a TensorFlow graph does not know it)."""
+    shape = x.shape
+    return len(shape) if isinstance(shape, tuple) else shape.rank
+
+
 def checked_call_input(layer, inputs, rank: int, sizes: dict[int, int]) -> None:
     """Raise unless `inputs` is a float tensor of the rank and axis sizes the layer was built for.
 
@@ -96,20 +100,21 @@ def checked_call_input(layer, inputs, rank: int, sizes: dict[int, int]) -> None:
     part or broadcast against the table: silent wrong answers.
     """
     name = type(layer).__name__
-    dtype = tf.as_dtype(inputs.dtype)
-    if not dtype.is_floating:
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if "float" not in dtype:
         raise TypeError(
-            f"{name} needs a floating-point input, got dtype {dtype.name}. Cast it first "
+            f"{name} needs a floating-point input, got dtype {dtype}. Cast it first "
             "(for token ids, embed them: keras.layers.Embedding)."
         )
     shape = inputs.shape
-    if shape.rank is not None and shape.rank != rank:
+    given_rank = rank_of(inputs)
+    if given_rank is not None and given_rank != rank:
         raise ValueError(
-            f"{name} was built for inputs of rank {rank}, got shape {tuple(shape)}. Use a new "
-            "layer for inputs of another rank."
+            f"{name} was built for inputs of rank {rank}, got shape {tuple(shape)}. Use a "
+            "new layer for inputs of another rank."
         )
     for axis, size in sizes.items():
-        given = shape[axis] if shape.rank is not None else None
+        given = shape[axis] if given_rank is not None else None
         if given is not None and size is not None and given != size:
             raise ValueError(
                 f"{name} was built for inputs with {size} channels on axis {axis}, got shape "
@@ -125,39 +130,3 @@ def checked_float_policy(layer) -> None:
             f"{type(layer).__name__} needs a floating-point dtype policy, got {compute!r}. "
             "Use dtype='float32' (or a mixed_float16 / mixed_bfloat16 policy)."
         )
-
-
-def check(predicate: Callable, values: list, message: Callable, error=ValueError) -> list:
-    """Raise `error(message(*values))` unless `predicate(*values)` holds for every element.
-
-    With every value known (Python numbers, eager or constant tensors) the check runs now
-    and `[]` is returned; otherwise the check is a graph assertion, returned in a list so
-    the caller can make the computation wait for it (a slice could otherwise fail first,
-    with a message about the slice instead of the input). Converters and XLA drop
-    assertions: callers also poison the rows (see `_tf.nan_unless`).
-    """
-    # tf.is_tensor is slow on Python numbers (a Protocol check): test for them first.
-    known = [v if isinstance(v, _INTEGER) else tf.get_static_value(v) for v in values]
-    if all(k is not None for k in known):
-        if not np.all(predicate(*known)):
-            raise error(message(*(np.asarray(k).tolist() for k in known)))
-        return []
-    values = [tf.convert_to_tensor(v) for v in values]
-    tensors = [tf.cast(v, tf.int64) for v in values]
-    # Shown as int32 where they are: an Assert whose data are all int32 or strings is one
-    # op; with int64 data it is wrapped in a conditional (several ops a call in a graph).
-    shown = [v if v.dtype == tf.int32 else t for v, t in zip(values, tensors, strict=True)]
-    return [
-        tf.debugging.Assert(
-            tf.reduce_all(predicate(*tensors)),
-            [message(*["(value below)"] * len(values)), *shown],
-        )
-    ]
-
-
-def after(checks: list, tensor):
-    """`tensor`, computed only once `checks` (graph assertions) have passed."""
-    if not checks:
-        return tensor
-    with tf.control_dependencies(checks):
-        return tf.identity(tensor)

@@ -2,8 +2,8 @@
 
 A cache is `(batch, 2, max_length, num_key_value_heads, head_dim)`, keys (rotated) and
 values; a call writes its new tokens at `cache_update_index` and keeps every shape static.
-Written in `keras.ops` for every backend; what differs between them comes from
-`_attend.tricks()` (values known while tracing, graph assertions, the kind of write).
+Written in `keras.ops` for every backend; what differs between them comes from `tricks()`
+(`keras_posenc._lazy`): values known while tracing, graph assertions, the kind of write.
 """
 
 from __future__ import annotations

@@ -5,12 +5,17 @@ PyTorch the package never imports it: a process there needs no TensorFlow instal
 TensorFlow does not start on (and claim the memory of) the GPU beside JAX or PyTorch. On
 the TensorFlow backend the first attribute read imports the module; each name read is
 then kept, so a read costs what a module attribute costs.
+
+`tricks()` is the backend's tricks module, which the code written once for every backend
+asks what differs between them.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+
+from keras.backend import backend
 
 
 class LazyModule:
@@ -36,3 +41,13 @@ class LazyModule:
 
 tf = LazyModule("tensorflow")
 _tf = LazyModule("keras_posenc._tf")
+
+
+_keras_ops = LazyModule("keras_posenc._keras_ops")
+
+
+def tricks():
+    """This backend's tricks: `keras_posenc._tf` on TensorFlow, else `keras_posenc._keras_ops`
+    (JAX, PyTorch), each imported on first use. Both give the same names, each answering for
+    its backend (see `keras_posenc._keras_ops`)."""
+    return _tf if backend() == "tensorflow" else _keras_ops

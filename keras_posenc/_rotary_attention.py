@@ -48,7 +48,7 @@ class RotaryAttention:
     Listed before the Keras base class, it replaces the base's `call` and adds the rotary
     part to its `build` and `get_config`; the base keeps its weights, masks
     (`attention_mask`) and softmax, reached through `keras_posenc._keras_private`. The call
-    is `keras.ops` on every backend, a backend's differences behind `_attend.tricks()`.
+    is `keras.ops` on every backend, a backend's differences behind `_lazy.tricks()`.
     A subclass defines `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim,
     value_dim)`, `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """

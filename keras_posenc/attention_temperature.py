@@ -13,7 +13,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._keras_ops import widest_int
 from keras_posenc.scaling_keys import short_repr
 
 
@@ -64,7 +63,7 @@ class AttentionTemperature(keras.layers.Layer):
             raise TypeError(f"positions must be integers, got {dtype}.")
         # int64 where the backend has it (JAX without x64: int32, positions below 2^31 - 1
         # as the attention's int32 indices are anyway).
-        wide = widest_int()
+        wide = _widest_int()
         steps = ops.floor_divide(ops.cast(positions, wide) + 1, np.asarray(self.floor_scale, wide))
         # log(1 + n), not log1p: tf2onnx has no Log1p, and 1 + n is exact for an integer n.
         return ops.log(ops.cast(steps, "float32") + 1.0) * self.attn_scale + 1.0
@@ -110,3 +109,12 @@ def attention_temperature(config: Any) -> AttentionTemperature | None:
     return AttentionTemperature(
         floor_scale=text.get("floor_scale", 8192), attn_scale=text.get("attn_scale", 0.1)
     )
+
+
+def _widest_int() -> str:
+    """int64, but int32 on JAX without x64 (which truncates int64 to it, with a warning)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return "int64" if jax.config.jax_enable_x64 else "int32"
+    return "int64"

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from keras import ops
 
 from keras_posenc._checks import checked_positive_int, is_int
-from keras_posenc._lazy import tf
+from keras_posenc._lazy import tricks
 from keras_posenc.frequencies import FrequencyTable
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.rows import as_rows
@@ -186,14 +187,15 @@ class AxisPairs:
             for name, constant in zip(names, table._split_tables, strict=True)
         }
 
-    def sin_cos(self, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def sin_cos(self, positions) -> tuple:
         """`(sin, cos)` per pair for positions `(..., axes)`: shape `(..., pairs)`."""
         parts = [table.sin_cos(positions[..., a]) for a, table in enumerate(self.tables)]
-        sin = tf.concat([p[0] for p in parts], -1)
-        cos = tf.concat([p[1] for p in parts], -1)
+        sin = ops.concatenate([p[0] for p in parts], -1)
+        cos = ops.concatenate([p[1] for p in parts], -1)
         if self.order is not None:
-            sin = tf.gather(sin, self.order.astype(np.int32), axis=-1)
-            cos = tf.gather(cos, self.order.astype(np.int32), axis=-1)
+            take = tricks().take
+            sin = take(sin, self.order.astype(np.int32), -1)
+            cos = take(cos, self.order.astype(np.int32), -1)
         return sin, cos
 
 
@@ -205,17 +207,12 @@ class AxesRows:
     (a text token of a multimodal sequence).
     """
 
-    def __init__(
-        self,
-        sin_cos: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
-        make_rows: Callable,
-        axes: int,
-    ):
+    def __init__(self, sin_cos: Callable, make_rows: Callable, axes: int):
         self.sin_cos = sin_cos
         self.make_rows = make_rows
         self.axes = axes
 
-    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def gather(self, positions) -> tuple:
         return tuple(self.make_rows(*self.sin_cos(positions)))
 
     def position_tables(self) -> tuple[AxesRows, ...]:
@@ -229,9 +226,9 @@ class AxesRows:
         # `sin_cos` is `AxisPairs.sin_cos`, bound to the pairs whose tables it reads.
         return self.sin_cos.__self__.stored_arrays()
 
-    def slice(self, start, length, combine=as_rows):
-        run = tf.range(length) + start
-        return combine(*self.gather(tf.stack([run] * self.axes, -1)))
+    def slice(self, start, length, combine=as_rows, traced=None):
+        run = ops.arange(length, dtype="int32") + start
+        return combine(*self.gather(ops.stack([run] * self.axes, -1)))
 
 
 def axes_rotation_rows(

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from keras import ops
 
 from keras_posenc._checks import (
     checked_choice,
@@ -30,7 +31,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
 )
 from keras_posenc._host_constant import HostConstant
-from keras_posenc._lazy import _tf, tf
+from keras_posenc._lazy import tricks
 from keras_posenc.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
 
 CACHED_POSITIONS = 4096
@@ -64,35 +65,22 @@ def inverse_frequencies(
     return max_wavelength ** (-np.arange(pairs, dtype=np.float64) / max(pairs - 1, 1))
 
 
-def lookup_sin_cos(
-    positions: tf.Tensor,
-    fine_sin: tf.Tensor,
-    fine_cos: tf.Tensor,
-    coarse_sin: tf.Tensor,
-    coarse_cos: tf.Tensor,
-) -> tuple[tf.Tensor, tf.Tensor]:
+def lookup_sin_cos(positions, fine_sin, fine_cos, coarse_sin, coarse_cos) -> tuple:
     """`(sin, cos)` of `positions * ω` from the two-table split, shape `positions.shape + (dim/2,)`.
 
     `fine_*` hold rows `b = 0 .. CACHED_POSITIONS - 1`, `coarse_*` rows
     `a = 0, CACHED_POSITIONS, 2·CACHED_POSITIONS, ...`; positions must lie in
     `[0, MAX_POSITIONS)` (callers clamp them and poison the rows of those that do not).
     """
-    positions = tf.cast(positions, tf.int32)
+    take = tricks().take
+    positions = ops.cast(positions, "int32")
     coarse = positions // CACHED_POSITIONS
     fine = positions - coarse * CACHED_POSITIONS
-    sin_a = tf.gather(coarse_sin, coarse)
-    cos_a = tf.gather(coarse_cos, coarse)
-    sin_b = tf.gather(fine_sin, fine)
-    cos_b = tf.gather(fine_cos, fine)
+    sin_a = take(coarse_sin, coarse, 0)
+    cos_a = take(coarse_cos, coarse, 0)
+    sin_b = take(fine_sin, fine, 0)
+    cos_b = take(fine_cos, fine, 0)
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
-
-
-@functools.cache
-def _eager_lookup_sin_cos() -> Callable:
-    # Eagerly one call instead of eight ops; in a graph the ops themselves (inline): a nested
-    # function call hides the rows' shapes from converters (the TFLite converter then sees an
-    # unranked tensor and needs a Flex op for the einsum after it).
-    return tf.function(lookup_sin_cos, autograph=False, reduce_retracing=True)
 
 
 class FrequencyTable:
@@ -121,74 +109,27 @@ class FrequencyTable:
         coarse = FrequencyTable(self.inverse_frequencies).host_sin_cos(
             np.arange(0, MAX_POSITIONS, CACHED_POSITIONS)
         )
-        return tuple(HostConstant(t.astype(np.float32)) for t in (*fine, *coarse))
+        return tuple(HostConstant(a.astype(np.float32)) for a in (*fine, *coarse))
 
-    def sin_cos(
-        self, positions: tf.Tensor, below: int | None = None
-    ) -> tuple[tf.Tensor, tf.Tensor]:
+    def sin_cos(self, positions, below: int | None = None) -> tuple:
         """float32 `(sin, cos)` for integer `positions` (any shape, in `[0, MAX_POSITIONS)`).
 
         `below`: the positions are known to be below it (an export's bound), so only the
         coarse rows below it are needed.
         """
-        lookup = _eager_lookup_sin_cos() if tf.executing_eagerly() else lookup_sin_cos
+        t = tricks()
+        traced = t.is_traced(positions)
+        lookup = t.one_call_eagerly(lookup_sin_cos)
         fine_sin, fine_cos, coarse_sin, coarse_cos = self._split_tables
         if below is None:
-            coarse = (coarse_sin.tensor(), coarse_cos.tensor())
+            coarse = (coarse_sin.tensor(traced), coarse_cos.tensor(traced))
         else:
             rows = -(-below // CACHED_POSITIONS)
-            coarse = (coarse_sin.rows(0, rows), coarse_cos.rows(0, rows))
-        return lookup(positions, fine_sin.tensor(), fine_cos.tensor(), *coarse)
+            coarse = (coarse_sin.rows(0, rows, traced), coarse_cos.rows(0, rows, traced))
+        return lookup(positions, fine_sin.tensor(traced), fine_cos.tensor(traced), *coarse)
 
 
-def _split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    # Veltkamp: x = high + low with 12 significant bits each, so the product of any two
-    # halves is exact in float32 (no rounding, and no change if fused into an FMA).
-    scaled = x * 4097.0
-    high = scaled - (scaled - x)
-    return high, x - high
-
-
-_TURN = 2**31  # one turn in the fixed-point sum below
-
-
-def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`(sin, cos)` of `2π · positions · turns` for float32 `turns` known only at run time.
-
-    For frequencies made inside the graph (dynamic NTK scaling), where no host table can
-    exist. `turns` is the frequency in turns per position (`ω / 2π`). The product
-    `position · turns` is never rounded: it is the sum of four exact float32 products of
-    12-bit halves, each reduced to a fraction of a turn and added in 64-bit fixed point
-    (integer arithmetic, which no graph optimizer can reorder). The only roundings are of
-    the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any position below 2^24.
-
-    Args:
-        positions: integer tensor, any shape, values in `[0, 2^24)`.
-        turns: float32 tensor `(dim/2,)`.
-
-    Returns:
-        float32 `(sin, cos)`, each of shape `positions.shape + (dim/2,)`.
-    """
-    turns_high, turns_low = _split(tf.cast(turns, tf.float32))
-    # expand_dims, not [..., None]: tf2onnx needs ranks for the latter, and inside a
-    # conditional's branch it does not know them.
-    positions = tf.expand_dims(tf.cast(positions, tf.int32), -1)
-    position_low = positions % 4096
-    position_high = tf.cast(positions - position_low, tf.float32)  # 12 significant bits
-    position_low = tf.cast(position_low, tf.float32)
-    fixed = tf.zeros([], tf.int64)
-    for position_part in (position_high, position_low):
-        for turns_part in (turns_high, turns_low):
-            product = position_part * turns_part  # exact
-            fraction = product - tf.round(product)  # exact, in [-0.5, 0.5]
-            fixed += tf.cast(tf.round(fraction * _TURN), tf.int64)
-    half = _TURN // 2
-    wrapped = tf.math.floormod(fixed + half, _TURN) - half  # [-half turn, half turn)
-    angle = tf.cast(wrapped, tf.float32) * np.float32(2.0 * np.pi / _TURN)
-    return tf.sin(angle), tf.cos(angle)
-
-
-# `(sin, cos) -> rows`: of TensorFlow tensors (`make_rows`), or of float64 numpy arrays
+# `(sin, cos) -> rows`: of the backend's tensors (`make_rows`), or of float64 numpy arrays
 # (`make_host_rows`).
 RowMaker = Callable[..., Sequence]
 
@@ -199,9 +140,10 @@ class PositionTable(TableRows):
     `make_host_rows` turns the float64 host `(sin, cos)` of shape `(..., dim/2)` into the
     tables a layer combines with its input (for example the interleaved encoding, or
     RoPE's cos and signed sin; numpy, `keras_posenc.layouts`), rounded once to float32 for
-    the cached rows. `make_rows` lays out the exact float32 values TensorFlow's graphs
-    compute for positions past the cache, the same way. Which rows serve a run or some
-    positions (`slice`, `gather`) is decided in `keras_posenc.rows`.
+    the cached rows. `make_rows` lays out the exact float32 values the graphs compute for
+    positions past the cache, the same way (in the backend's ops: `tricks().encoding`,
+    `channel_tables`). Which rows serve a run or some positions (`slice`, `gather`) is
+    decided in `keras_posenc.rows`.
     """
 
     limit = MAX_POSITIONS
@@ -210,16 +152,16 @@ class PositionTable(TableRows):
         self.frequencies = frequencies
         self.make_rows = make_rows
         self.make_host_rows = make_host_rows
-        super().__init__(HostConstant(t) for t in self._host_rows(np.arange(CACHED_POSITIONS)))
+        super().__init__(HostConstant(a) for a in self._host_rows(np.arange(CACHED_POSITIONS)))
 
     def _host_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """float32 rows of `positions`, from the float64 host values rounded once."""
         rows = self.make_host_rows(*self.frequencies.host_sin_cos(positions))
-        return tuple(np.asarray(t, np.float64).astype(np.float32) for t in rows)
+        return tuple(np.asarray(a, np.float64).astype(np.float32) for a in rows)
 
     @property
     def cached(self) -> tuple[np.ndarray, ...]:
-        return tuple(t.array for t in self.ready)
+        return tuple(rows.array for rows in self.ready)
 
     def stored_arrays(self, bound: int | None = None) -> dict[str, np.ndarray]:
         """The host arrays of this table an export holds as constants, by name.
@@ -242,13 +184,17 @@ class PositionTable(TableRows):
         )
         return named
 
-    def computed(self, positions: tf.Tensor, below: int | None) -> tuple[tf.Tensor, ...]:
+    def computed(self, positions, below: int | None) -> tuple:
         return tuple(self.make_rows(*self.frequencies.sin_cos(positions, below=below)))
 
-    def host_run(self, start: int, length: int) -> tuple[tf.Tensor, ...]:
+    def computed_run(self, start, length, top: int, below: int | None) -> tuple:
+        sin_cos = tricks().run_sin_cos(self.frequencies, start, length, top, below)
+        return tuple(self.make_rows(*sin_cos))
+
+    def host_run(self, start: int, length: int) -> tuple:
         host = functools.cache(lambda: self._host_rows(np.arange(start, start + length)))
         return tuple(
-            _tf.traced_constant(self, ("computed", start, length, i), lambda i=i: host()[i])
+            tricks().traced_constant(self, ("computed", start, length, i), lambda i=i: host()[i])
             for i in range(len(self.ready))
         )
 

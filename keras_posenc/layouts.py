@@ -3,8 +3,8 @@
 One definition serves the host tables (numpy, on the float64 values before their one
 rounding) and the rows JAX and PyTorch compute in their graphs (`keras.ops`): `xp` is
 either, whose `stack`, `concatenate`, `split` and `reshape` agree. TensorFlow's graphs lay
-the rows out with their own ops, shaped for the converters (`sinusoidal`'s layouts,
-`rotary_tables.channel_tables`); the values are the same, the moves being exact.
+the rows out with their own ops, shaped for the converters (`keras_posenc._tf.encoding`,
+`channel_tables`); the values are the same, the moves being exact.
 """
 
 from __future__ import annotations
@@ -44,3 +44,12 @@ def channel_tables(layout: str, sin, cos, xp=np) -> tuple:
     `2k + 1` (`"interleaved"`)."""
     lay_out = concat if layout == "half" else interleave
     return lay_out(cos, cos, xp), lay_out(-sin, sin, xp)
+
+
+def pair_view(layout: str, width: int) -> tuple[list[int], int]:
+    """`(shape, axis)`: `width` channels viewed as `shape`, which holds the two channels of
+    each rotation pair along `axis`. `"half"` pairs channel `k` with `k + width/2`: `(2,
+    width/2)`, pairs along axis 0; `"interleaved"` pairs `2k` with `2k + 1`: `(width/2, 2)`,
+    along axis 1."""
+    half = width // 2
+    return ([2, half], 0) if layout == "half" else ([half, 2], 1)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_layers, _keras_private
+from keras_posenc import _keras_private
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
-from keras_posenc._keras_ops import uses_tensorflow
-from keras_posenc._lazy import _tf
+from keras_posenc._lazy import tricks
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rows import TableRows
 from keras_posenc.sinusoidal import SinusoidalInitializer
@@ -104,10 +103,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, positions=None, start_index=0):
-        if not uses_tensorflow():
-            return _keras_layers.learned_call(
-                self, _VariableRows(self.embeddings), inputs, positions, start_index, _LIMIT_HINT
-            )
+        t = tricks()
         checked_call_input(self, inputs, 3, {-1: self.embeddings.shape[1]})
         outputs = position_rows(
             _VariableRows(self.embeddings),
@@ -116,10 +112,11 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             start_index,
             limit=self.max_length,
             limit_hint=_LIMIT_HINT,
-            combine=lambda embedding: _tf.add_rounded_once(inputs, embedding),
+            combine=lambda embedding: t.add_rounded_once(inputs, embedding),
             batch=static_dim(inputs, 0),
+            traced=t.is_traced(inputs),
         )
-        outputs.set_shape(inputs.shape)  # as SinusoidalPositionalEncoding: static shapes stay
+        t.keep_static_shape(outputs, inputs.shape)  # as SinusoidalPositionalEncoding
         return outputs
 
     def resize(self, new_max_length: int) -> None:

@@ -7,7 +7,7 @@ numbers here are those definitions, computed in float64 on the host:
 - `linear`: `ω / factor`.
 - `dynamic` (NTK): past `max_position_embeddings` = M, with total length L the base becomes
   `base · (factor·L/M - (factor - 1))^(d/(d-2))`. L is only known at run time, so these
-  frequencies are made in the graph (see `dynamic_turns`).
+  frequencies are made in the graph (see `DynamicRows`).
 - `yarn`: a ramp between interpolated (`ω / factor`) and extrapolated (`ω`) frequencies
   set by `beta_fast` / `beta_slow` (optionally `truncate`d), and an attention factor from
   `mscale` / `mscale_all_dim` (or given).
@@ -29,9 +29,10 @@ import dataclasses
 import math
 
 import numpy as np
+from keras import ops
 
-from keras_posenc._lazy import tf
-from keras_posenc.frequencies import as_rows, exact_sin_cos, inverse_frequencies
+from keras_posenc._lazy import tricks
+from keras_posenc.frequencies import as_rows, inverse_frequencies
 from keras_posenc.scaling_keys import (  # noqa: F401  ROPE_TYPES, checked_scaling: re-exported
     ROPE_TYPES,
     check_shared_keys,
@@ -214,28 +215,12 @@ def _longrope(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
     )
 
 
-def dynamic_turns(
-    total_length, omega: np.ndarray, factor: float, max_position_embeddings: int
-) -> tf.Tensor:
-    """Dynamic NTK frequencies in turns per position (`ω'/2π`), float32, for a run-time length.
-
-    `ω'_k = ω_k · g^(-2k/(d-2))` with `g = factor·L/M - (factor - 1)` and `L` the total
-    length, at least `M`: the same as raising the base by `g^(d/(d-2))`, written so that
-    only the small correction `g^(-e)` is formed in float32 (relative error about 2e-7).
-    """
-    dim = 2 * len(omega)
-    exponents = np.arange(0, dim, 2, dtype=np.float64) / (dim - 2)
-    length = tf.maximum(tf.cast(total_length, tf.float32), float(max_position_embeddings))
-    growth = factor * length / float(max_position_embeddings) - (factor - 1.0)
-    correction = tf.exp(-exponents.astype(np.float32) * tf.math.log(growth))
-    return (omega / (2 * math.pi)).astype(np.float32) * correction
-
-
 class SwitchByLength:
     """Rows of `short` while the total length is at most `switch_length`, of `long` past it.
 
     The total length is `start_index + sequence` for a run and the largest position + 1
-    for explicit positions; it is decided at trace time when known, else by a `tf.cond`.
+    for explicit positions; it is decided at trace time when known, else at run time
+    (`keras.ops.cond`).
     """
 
     def __init__(self, short, long, switch_length: int):
@@ -243,23 +228,41 @@ class SwitchByLength:
         self.long = long
         self.switch_length = switch_length
 
-    def slice(self, start, length, combine=as_rows):
-        return combine(*self._choose(start + length, lambda table: table.slice(start, length)))
+    def slice(self, start, length, combine=as_rows, traced=None):
+        return self._choose(
+            start + length,
+            lambda table, combine: table.slice(start, length, combine, traced),
+            combine,
+        )
 
-    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        return self._choose(tf.reduce_max(positions) + 1, lambda table: table.gather(positions))
+    def gather(self, positions) -> tuple:
+        return self._choose(
+            ops.max(positions) + 1,
+            lambda table, combine: combine(*table.gather(positions)),
+            as_rows,
+        )
 
-    def _choose(self, total_length, rows):
-        known = tf.get_static_value(total_length) if tf.is_tensor(total_length) else total_length
+    def _choose(self, total_length, rows, combine):
+        """`combine` of `rows(table, combine_inside)` of the table `total_length` picks: where
+        `combine` runs is the backend's (`tricks().combined`)."""
+        t = tricks()
+        known = t.static_value(total_length)
         if known is not None:
-            return rows(self.long if known > self.switch_length else self.short)
-        return tf.cond(
-            total_length > self.switch_length, lambda: rows(self.long), lambda: rows(self.short)
+            table = self.long if known > self.switch_length else self.short
+            return t.combined(lambda inside: rows(table, inside), combine)
+        return t.combined(
+            lambda inside: t.cond(
+                total_length > self.switch_length,
+                lambda: rows(self.long, inside),
+                lambda: rows(self.short, inside),
+            ),
+            combine,
         )
 
 
 class DynamicRows:
-    """Rows for dynamic NTK scaling, with frequencies made in the graph for the total length."""
+    """Rows for dynamic NTK scaling, with frequencies made in the graph for the total length
+    (`tricks().dynamic_turns`), rotated by the fixed-point `tricks().exact_sin_cos`."""
 
     def __init__(self, omega: np.ndarray, factor: float, max_position_embeddings: int, layout):
         self.omega = omega
@@ -267,12 +270,15 @@ class DynamicRows:
         self.max_position_embeddings = max_position_embeddings
         self.layout = layout
 
-    def slice(self, start, length, combine=as_rows):
-        return combine(*self._rows(tf.range(length) + start, start + length))
+    def slice(self, start, length, combine=as_rows, traced=None):
+        positions = ops.arange(length, dtype="int32") + start
+        total_length = tricks().total_length_of_run(start, length, positions)
+        return combine(*self._rows(positions, total_length))
 
-    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        return self._rows(positions, tf.reduce_max(positions) + 1)
+    def gather(self, positions) -> tuple:
+        return self._rows(positions, ops.max(positions) + 1)
 
-    def _rows(self, positions, total_length) -> tuple[tf.Tensor, ...]:
-        turns = dynamic_turns(total_length, self.omega, self.factor, self.max_position_embeddings)
-        return tuple(self.layout(*exact_sin_cos(positions, turns)))
+    def _rows(self, positions, total_length) -> tuple:
+        t = tricks()
+        turns = t.dynamic_turns(total_length, self.omega, self.factor, self.max_position_embeddings)
+        return tuple(self.layout(*t.exact_sin_cos(positions, turns)))

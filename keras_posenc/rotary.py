@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
+from keras import ops
 
-from keras_posenc import _keras_layers
 from keras_posenc._checks import (
     checked_axis,
     checked_bool,
@@ -25,9 +25,9 @@ from keras_posenc._checks import (
     checked_even_width,
     checked_float_policy,
     checked_max_wavelength,
+    rank_of,
 )
-from keras_posenc._keras_ops import uses_tensorflow
-from keras_posenc._lazy import _tf, tf
+from keras_posenc._lazy import tricks
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
@@ -211,9 +211,7 @@ class RotaryEmbedding(keras.layers.Layer):
         (outputs,) = self.rotate_together((inputs,), positions, start_index, mask)
         return outputs
 
-    def rotate_together(
-        self, tensors: Sequence[tf.Tensor], positions=None, start_index=0, mask=None
-    ) -> tuple[tf.Tensor, ...]:
+    def rotate_together(self, tensors: Sequence, positions=None, start_index=0, mask=None) -> tuple:
         """Rotates several inputs at the same positions with one lookup of their rows.
 
         What `call` does for each of `tensors` (the queries and keys of self-attention),
@@ -221,26 +219,26 @@ class RotaryEmbedding(keras.layers.Layer):
         lookup for both. The tensors must agree in batch and sequence length; `call`'s
         arguments otherwise. Call it on a built layer, inside the caller's own `call`.
         """
-        if not uses_tensorflow():
-            return _keras_layers.rotate_together(self, tensors, positions, start_index, mask)
+        t = tricks()
         for x in tensors:
             checked_call_input(self, x, self._built_rank, {self._feature_axis: self._head_dim})
         first = tensors[0]
-        forms = [_tf.swap_form(x) for x in tensors]
+        forms = [t.swap_form(x) for x in tensors]
 
         def rotate(cos_table, sin_table):
             # Shaped to broadcast once per rank and dtype: once for queries and keys.
             shaped = {}
             for x in tensors:
-                key = (x.shape.rank, _tf.accumulation_dtype(x.dtype))
+                key = (rank_of(x), t.accumulation_dtype(x.dtype))
                 if key not in shaped:
                     shaped[key] = self._broadcast_tables(cos_table, sin_table, *key)
             return tuple(
-                self._rotate(x, shaped[(x.shape.rank, _tf.accumulation_dtype(x.dtype))], form)
+                self._rotate(x, shaped[(rank_of(x), t.accumulation_dtype(x.dtype))], form)
                 for x, form in zip(tensors, forms, strict=True)
             )
 
         length = static_dim(first, self._sequence_axis)
+        traced = t.is_traced(first)
         rows = functools.partial(
             position_rows,
             self._table,
@@ -252,6 +250,7 @@ class RotaryEmbedding(keras.layers.Layer):
             mask=mask if self.positions_from_mask else None,
             batch=static_dim(first, 0),
             axes=self._axes,
+            traced=traced,
         )
         if self.axes_dims is not None and positions is None and not self.positions_from_mask:
             raise ValueError(
@@ -260,66 +259,69 @@ class RotaryEmbedding(keras.layers.Layer):
                 "positions=keras_posenc.grid_positions(height, width)."
             )
         run_only = positions is None and (mask is None or not self.positions_from_mask)
-        if run_only and self._axes == 1 and not _tf.in_xla_context():
+        if run_only and self._axes == 1 and not t.in_xla_context():
             # The rows of a run depend on the table, the start and the length alone: one
             # function of a SavedModel serves every layer (`_tf.shared_while_stored`).
             # (Outside XLA the rotation follows the rows whatever `rows_fuse_into_rotation`.)
-            run = _tf.shared_while_stored(
+            run = t.shared_while_stored(
                 self._table,
                 ("rows_of_run",),
                 functools.partial(
-                    rows_of_run, self._table, limit=MAX_POSITIONS, limit_hint=_LIMIT_HINT
+                    rows_of_run,
+                    self._table,
+                    limit=MAX_POSITIONS,
+                    limit_hint=_LIMIT_HINT,
+                    traced=traced,
                 ),
             )
             outputs = rotate(*run(length, start_index))
-        elif all(_tf.rows_fuse_into_rotation(form) for form in forms):
+        elif all(t.rows_fuse_into_rotation(form) for form in forms):
             outputs = rows(combine=rotate)
         else:
             outputs = rotate(*rows())
         for x, output in zip(tensors, outputs, strict=True):
-            output.set_shape(x.shape)
+            t.keep_static_shape(output, x.shape)
         return tuple(outputs)
 
-    def _broadcast_tables(self, cos_table, sin_table, rank: int, wide: tf.DType):
+    def _broadcast_tables(self, cos_table, sin_table, rank: int, wide):
         """`(cos, sin, per_batch)`: the tables in `wide`, shaped to broadcast at `rank`."""
+        t = tricks()
         # Tables are (sequence, rotary_dim) or (batch, sequence, rotary_dim): give them
         # size-1 axes so they broadcast against the input's axes.
-        table_axes = [0, self._sequence_axis, self._feature_axis][-cos_table.shape.rank :]
-        per_batch = cos_table.shape.rank == 3  # for the ONNX marker of `_rotate`
+        table_rank = rank_of(cos_table)
+        table_axes = [0, self._sequence_axis, self._feature_axis][-table_rank:]
+        per_batch = table_rank == 3  # for the ONNX marker of `_rotate`
         if table_axes != list(range(rank - len(table_axes), rank)):
             # Not the input's trailing axes (heads lie between sequence and features).
             broadcast_shape = [1] * rank
             for table_axis, input_axis in enumerate(table_axes):
                 broadcast_shape[input_axis] = static_dim(cos_table, table_axis)
-            broadcast_shape = _tf.int_array(broadcast_shape)
-            cos_table = tf.reshape(cos_table, broadcast_shape)
-            sin_table = tf.reshape(sin_table, broadcast_shape)
+            broadcast_shape = t.int_array(broadcast_shape)
+            cos_table = t.reshape(cos_table, broadcast_shape)
+            sin_table = t.reshape(sin_table, broadcast_shape)
         # float16 / bfloat16 inputs rotate in float32: the result is rounded once.
-        return tf.cast(cos_table, wide), tf.cast(sin_table, wide), per_batch
+        return t.cast(cos_table, wide), t.cast(sin_table, wide), per_batch
 
     def _rotate(self, inputs, tables, form: str):
         cos_table, sin_table, per_batch = tables
-        rank = inputs.shape.rank
-        wide = _tf.accumulation_dtype(inputs.dtype)
+        t = tricks()
+        wide = t.accumulation_dtype(inputs.dtype)
         # The ONNX passes find the rotation by this name scope on its nodes (`_scope`).
         marker = rotation_scope(
-            self.layout, rank, self._sequence_axis, self._feature_axis, per_batch
+            self.layout, rank_of(inputs), self._sequence_axis, self._feature_axis, per_batch
         )
 
         def rotate(x):
-            with tf.name_scope(marker):
-                x = tf.cast(x, wide)
+            with t.rotation_name_scope(marker):
+                x = t.cast(x, wide)
                 swapped = swap_pairs(x, self.layout, self._feature_axis, form)
                 rotated = x * cos_table + swapped * sin_table
-                return tf.cast(rotated, inputs.dtype)
+                return t.cast(rotated, inputs.dtype)
 
-        head_dim = inputs.shape[self._feature_axis]
-        if self._rotary_dim == head_dim:
+        if self._rotary_dim == inputs.shape[self._feature_axis]:
             return rotate(inputs)
-        rotated, passed = tf.split(
-            inputs, [self._rotary_dim, head_dim - self._rotary_dim], self._feature_axis
-        )
-        return tf.concat([rotate(rotated), passed], self._feature_axis)
+        rotated, passed = t.split_channels(inputs, self._rotary_dim, self._feature_axis)
+        return ops.concatenate([rotate(rotated), passed], self._feature_axis)
 
     @classmethod
     def from_transformers_config(

@@ -12,38 +12,26 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_ops, layouts
-from keras_posenc._lazy import _tf, tf
+from keras_posenc import layouts
+from keras_posenc._lazy import tricks
 from keras_posenc.frequencies import FrequencyTable, PositionTable, position_table
-from keras_posenc.rope_scaling import DynamicRows, SwitchByLength, dynamic_turns, rope_parameters
+from keras_posenc.rope_scaling import DynamicRows, SwitchByLength, rope_parameters
 
 
-def _pair_axes(layout: str, rotary_dim: int) -> tuple[list[int], int]:
-    # "half" pairs channel k with k + D/2: view the channels as (2, D/2), pairs along axis 0.
-    # "interleaved" pairs 2k with 2k + 1: view them as (D/2, 2), pairs along axis 1.
-    half = rotary_dim // 2
-    return ([2, half], 0) if layout == "half" else ([half, 2], 1)
+def channel_tables(layout: str, sin, cos) -> tuple:
+    """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`, in the
+    backend's ops (`keras_posenc.layouts.channel_tables` for the host tables)."""
+    return tricks().channel_tables(layout, sin, cos)
 
 
-def channel_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`."""
-    # A non-negative stacking axis: tf2onnx resolves a negative one from the rank, which
-    # it does not know inside a conditional's branch.
-    pair_axis = sin.shape.rank - 1 if layout == "half" else sin.shape.rank
-    shape = tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0)
-    cos_table = tf.reshape(tf.stack([cos, cos], axis=pair_axis), shape)
-    sin_table = tf.reshape(tf.stack([-sin, sin], axis=pair_axis), shape)
-    return cos_table, sin_table
-
-
-def swap_pairs(x: tf.Tensor, layout: str, axis: int = -1, form: str | None = None) -> tf.Tensor:
+def swap_pairs(x, layout: str, axis: int = -1, form: str | None = None):
     """Exchange the two channels of every rotation pair along `axis` of `x`.
 
-    `form` is how (see `keras_posenc._tf.swap_form`, the one place it is chosen); by
-    default the form chosen for `x` in the graph being traced.
+    `form` is how (see `tricks().swap_form`, the one place it is chosen); by default the
+    form chosen for `x` in the graph being traced.
     """
-    pair_shape, pair_axis = _pair_axes(layout, x.shape[axis])
-    return _tf.swap_pairs(x, pair_shape, pair_axis, axis, form or _tf.swap_form(x))
+    t = tricks()
+    return t.swap_pairs(x, layout, axis, form or t.swap_form(x))
 
 
 def rotation_table(
@@ -101,8 +89,7 @@ def scaled_inverse_frequencies(
         return parameters.long_inverse_frequencies
     if past_switch and parameters.dynamic_factor is not None:
         # The frequencies this backend's graphs make (TensorFlow's, or `keras.ops`').
-        turns_of = dynamic_turns if _keras_ops.uses_tensorflow() else _keras_ops.dynamic_turns
-        turns = turns_of(
+        turns = tricks().dynamic_turns(
             total_length,
             parameters.inverse_frequencies,
             parameters.dynamic_factor,

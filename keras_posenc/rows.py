@@ -1,4 +1,4 @@
-"""Which rows of a table serve some positions: the one home of that decision.
+"""Which rows of a table serve some positions: the one home of that decision, for every backend.
 
 A layer's table holds its first rows ready (`TableRows.ready`: a host table's cached rows,
 a learned table's variable); a host table also computes the rows of any other position
@@ -11,13 +11,16 @@ below its `limit` from the split tables (`computed`). For a run `start .. start 
 - both, chosen at run time, where whether it fits is known only then;
 - where no rows exist past the ready ones (a learned table, or an export's bound within
   them), a clamped start or `length` clamped rows: a run past the end still gives `length`
-  rows, which its caller poisons (NaN) where assertions are dropped;
-- while an export is traced with a bound (`_tf.positions_bounded`), a check that the run
-  ends at or below it, and only the rows below it.
+  rows, which its caller poisons (NaN) where nothing can raise;
+- while an export is traced with a bound (TensorFlow: `_tf.positions_bounded`), a check
+  that the run ends at or below it, and only the rows below it;
+- for a run of a length unknown while tracing on JAX (`jax.export`), gathers, chosen at
+  run time.
 
 Explicit positions (`gathered_rows`) take the same bound. What the checks of the positions
-themselves are (`start_index >= 0`, below the layer's limit) is `positions`' part; how
-TensorFlow runs a slice, a run-time choice or a poisoned row in each mode is `_tf`'s.
+themselves are (`start_index >= 0`, below the layer's limit) is `positions`' part; how a
+backend runs a slice, a run-time choice or a poisoned row in each mode is its tricks'
+(`tricks()`: `keras_posenc._tf`, `keras_posenc._keras_ops`).
 """
 
 from __future__ import annotations
@@ -25,19 +28,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from keras import ops
 
-from keras_posenc._checks import after, check
 from keras_posenc._host_constant import HostConstant
-from keras_posenc._lazy import _tf, tf
+from keras_posenc._lazy import tricks
 
 
-def as_rows(*rows: tf.Tensor) -> tuple[tf.Tensor, ...]:
+def as_rows(*rows) -> tuple:
     """The rows themselves: the default `combine` of `TableRows.slice`."""
     return rows
 
 
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer))
+
+
+def clamped_run(start, length, top: int):
+    """The positions `start .. start + length - 1` as int32, clamped into `[0, top)` (the
+    caller poisons the rows of bad ones)."""
+    return ops.clip(ops.arange(length, dtype="int32") + start, 0, top - 1)
 
 
 class TableRows:
@@ -56,102 +65,115 @@ class TableRows:
         self.ready = tuple(ready)
         self._below: dict[int, tuple[HostConstant, ...]] = {}
 
-    def computed(self, positions: tf.Tensor, below: int | None) -> tuple[tf.Tensor, ...]:
+    def computed(self, positions, below: int | None) -> tuple:
         """The rows of `positions` (in `[0, limit)`, and below `below` when given)."""
         raise NotImplementedError
 
-    def host_run(self, start: int, length: int) -> tuple[tf.Tensor, ...]:
+    def computed_run(self, start, length, top: int, below: int | None) -> tuple:
+        """The rows of the run `start .. start + length - 1`, clamped below `top`."""
+        return self.computed(clamped_run(start, length, top), below)
+
+    def host_run(self, start: int, length: int) -> tuple:
         """The exact rows of a run known while tracing, as constants of just those rows."""
         raise NotImplementedError
 
     def ready_below(self, bound: int) -> tuple[HostConstant, ...]:
         """The ready rows below `bound`, one set per bound (each its own stored constant)."""
         if bound not in self._below:
-            self._below[bound] = tuple(HostConstant(t.array[:bound]) for t in self.ready)
+            self._below[bound] = tuple(HostConstant(rows.array[:bound]) for rows in self.ready)
         return self._below[bound]
 
-    def slice(self, start, length, combine=as_rows):
+    def slice(self, start, length, combine=as_rows, traced=None):
         """`combine(*rows)` for positions `start .. start + length - 1` (see `run_rows`)."""
-        return run_rows(self, start, length, combine)
+        return run_rows(self, start, length, combine, traced)
 
-    def gather(self, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def gather(self, positions) -> tuple:
         """Rows for integer `positions` of any shape (see `gathered_rows`)."""
         return gathered_rows(self, positions)
 
 
-def run_rows(table: TableRows, start, length, combine=as_rows):
+def run_rows(table: TableRows, start, length, combine=as_rows, traced=None):
     """`combine(*rows)` of `table`'s rows for `start .. start + length - 1`.
 
-    `start` and `length` are ints or scalar int32 tensors, checked by the caller, who
-    poisons the rows of a bad run (`positions.position_rows`). `combine` is what it makes
-    of the rows (`inputs + rows`, a rotation); under XLA it runs inside the branches of a
-    run-time choice (`_tf.choose_at_run_time`).
+    `start` and `length` are ints or scalar int32 tensors (JAX: `length` may be a symbolic
+    size), checked by the caller, who poisons the rows of a bad run
+    (`positions.position_rows`). `combine` is what it makes of the rows (`inputs + rows`,
+    a rotation); where the rows are chosen at run time it may run inside the branches
+    (`choose_at_run_time`). `traced`: whether the call is traced (None: as `start` says),
+    which embeds the rows of a known run as constants of just those rows.
     """
+    t = tricks()
+    traced = t.is_traced(start) if traced is None else traced
     ready = table.ready
-    bound = None if table.limit is None else _tf.position_bound()
+    bound = None if table.limit is None else t.position_bound()
     if bound is not None:
         start, combine = _within(bound, start, length, combine)
         if bound <= _row_count(ready):
             # A bound within the ready rows leaves no split tables in the file at all.
-            return _ready_run(table.ready_below(bound), start, length, combine)
+            return _ready_run(table.ready_below(bound), start, length, combine, traced)
     if table.limit is None:
-        return _ready_run(ready, start, length, combine)
+        return _ready_run(ready, start, length, combine, traced)
     size = _row_count(ready)
+    if t.is_symbolic(length):
+        return combine(*_symbolic_run(table, start, length))
     if _is_int(start) and _is_int(length):
         fits = start + length <= size
     elif _is_int(length) and length > size:
         fits = False  # whatever the start (and XLA rejects a slice longer than the table)
     else:
-        fits = tf.get_static_value(start <= size - length)
+        fits = t.static_value(start <= size - length)
     if fits is not None:
-        rows = _sliced(ready, start, length) if fits else _computed_run(table, start, length)
-        return combine(*rows)
+        if fits:
+            return combine(*_sliced(ready, start, length, traced))
+        return combine(*_computed_run(table, start, length, traced))
     # `start <= size - length`, not `start + length <= size`: the sum could wrap. A
     # negative start takes the computed rows, which its caller poisons: a run longer
     # than the ready rows has no valid slice of them.
-    return _tf.choose_at_run_time(
+    return t.choose_at_run_time(
         (start >= 0) & (start <= size - length),
         # Clamped so that the untaken branch stays a valid slice.
-        lambda: _sliced(ready, tf.clip_by_value(start, 0, size - length), length),
-        lambda: _computed_run(table, start, length),
+        lambda: _sliced(ready, ops.clip(start, 0, size - length), length, traced),
+        lambda: _computed_run(table, start, length, traced),
         combine,
-        unknown=start >= 0,
+        unknown=lambda: start >= 0,
     )
 
 
-def gathered_rows(table: TableRows, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
+def gathered_rows(table: TableRows, positions) -> tuple:
     """`table`'s rows for integer `positions` of any shape, each in `[0, table.limit)`.
 
     A host table computes them (its split tables serve any position); while an export is
     traced with a bound, positions at or past it fail a check and take NaN rows where
     assertions are dropped, and only the rows below the bound are held.
     """
+    t = tricks()
     if table.limit is None:
         return _gathered(table.ready, positions)
-    bound = _tf.position_bound()
+    bound = t.position_bound()
     if bound is None:
         return table.computed(positions, None)
-    largest = tf.reduce_max(positions)
-    checks = check(
+    largest = ops.max(positions)
+    verdict = t.check(
         lambda top: top < bound,
         [largest],
         lambda top: f"the largest of the positions is {top}, " + _past_bound(bound),
     )
-    valid = True if not checks else largest < bound  # no checks: they ran now
+    valid = t.validity([verdict], lambda: largest < bound)
     # Clamped so that no runtime fails on the lookup: the rows are poisoned instead.
-    positions = tf.clip_by_value(after(checks, positions), 0, bound - 1)
+    positions = ops.clip(t.after([verdict], positions), 0, bound - 1)
     if bound <= _row_count(table.ready):
         rows = _gathered(table.ready_below(bound), positions)
     else:
         rows = table.computed(positions, bound)
-    return _tf.nan_unless(rows, valid)
+    return t.nan_unless(rows, valid)
 
 
 def _within(bound: int, start, length, combine):
     """`start` and `combine` for a run that must end at or below `bound`: checked now when
     both are known, else an assertion, and NaN rows where assertions are dropped."""
+    t = tricks()
     # `start <= bound - length`, not `start + length <= bound`: the sum could wrap.
-    checks = check(
+    verdict = t.check(
         lambda first, steps: first <= bound - steps,
         [start, length],
         lambda first, steps: (
@@ -159,8 +181,8 @@ def _within(bound: int, start, length, combine):
             + _past_bound(bound)
         ),
     )
-    valid = True if _is_int(start) and _is_int(length) else start <= bound - length
-    return after(checks, start), lambda *rows: combine(*_tf.nan_unless(rows, valid))
+    valid = t.validity([verdict], lambda: start <= bound - length)
+    return t.after([verdict], start), lambda *rows: combine(*t.nan_unless(rows, valid))
 
 
 def _past_bound(bound: int) -> str:
@@ -171,18 +193,44 @@ def _past_bound(bound: int) -> str:
     )
 
 
-def _computed_run(table: TableRows, start, length) -> tuple[tf.Tensor, ...]:
+def _computed_run(table: TableRows, start, length, traced: bool) -> tuple:
     """The rows of a run past the ready rows (or of one whose start is known at run time)."""
     if _is_int(start) and _is_int(length):
-        if not tf.executing_eagerly() and 0 <= start <= table.limit - length:
+        if traced and 0 <= start <= table.limit - length:
             # Known while tracing: exact host rows, embedded as just those rows.
             return table.host_run(int(start), int(length))
-    bound = _tf.position_bound()
+    bound = tricks().position_bound()
     # Clamped into the split tables' range (or the export's bound); the caller poisons
     # the rows of bad positions.
     top = table.limit if bound is None else bound
-    positions = tf.clip_by_value(tf.range(length) + start, 0, top - 1)
-    return table.computed(positions, bound)
+    return table.computed_run(start, length, top, bound)
+
+
+def _symbolic_run(table: TableRows, start, length) -> tuple:
+    """The rows of a run of a symbolic length (`jax.export`; `start` a traced int32), by
+    gathers (a slice's size must be known to fit its table): the ready rows while the run
+    fits them, else the computed rows, chosen at run time.
+
+    Both are the rows eager and `jax.jit` calls give: inside the cached rows the split
+    rows equal them bitwise (coarse row 0 is sin 0, cos 1: the products give the fine row,
+    FMA or not), so the choice is for speed, one gather instead of four and the products.
+    The conditional also keeps the rows from fusing into what follows, where XLA would
+    compute them again for every batch row and head (measured against `jax.jit` on the
+    rotary 8x512x8x64 of `python -m benchmarks --backend jax`, 2-core CPU: 2.0-2.7x the
+    time without it, 1.2-1.5x with it).
+    """
+    size = _row_count(table.ready)
+    positions = clamped_run(start, length, table.limit)
+
+    def ready():
+        steps = ops.minimum(positions, size - 1)
+        return tuple(ops.take(rows.array, steps, axis=0) for rows in table.ready)
+
+    def computed():
+        return table.computed(positions, None)
+
+    fits = (start >= 0) & (start <= size - ops.convert_to_tensor(length, "int32"))
+    return ops.cond(fits, ready, computed)
 
 
 def _row_count(tables: Sequence) -> int:
@@ -190,52 +238,55 @@ def _row_count(tables: Sequence) -> int:
     return (first.array if isinstance(first, HostConstant) else first).shape[0]
 
 
-def _tensor(table) -> tf.Tensor:
-    return table.tensor() if isinstance(table, HostConstant) else table
+def _tensor(table, traced: bool):
+    return table.tensor(traced) if isinstance(table, HostConstant) else table
 
 
-def _gathered(tables: Sequence, positions: tf.Tensor) -> tuple[tf.Tensor, ...]:
-    return tuple(tf.gather(_tensor(t), positions) for t in tables)
+def _gathered(tables: Sequence, positions) -> tuple:
+    t = tricks()
+    traced = t.is_traced(positions)
+    return tuple(t.take(_tensor(table, traced), positions, 0) for table in tables)
 
 
-def _sliced(tables: Sequence, start, length) -> tuple[tf.Tensor, ...]:
+def _sliced(tables: Sequence, start, length, traced: bool) -> tuple:
     return tuple(
-        t.rows(start, length) if isinstance(t, HostConstant) else _tf.slice_rows(t, start, length)
-        for t in tables
+        table.rows(start, length, traced)
+        if isinstance(table, HostConstant)
+        else tricks().slice_rows(table, start, length)
+        for table in tables
     )
 
 
-def _ready_run(tables: Sequence, start, length, combine):
+def _ready_run(tables: Sequence, start, length, combine, traced: bool):
     """`combine(*rows)` of `tables`' rows `start .. start + length - 1`, where no rows exist
     past them, for a run the caller has checked and poisons.
 
-    A run past the tables' end must still give `length` rows where assertions are
-    dropped (converters, XLA): a slice would stop at the end, and the runtime would then
-    fail on a shape instead of returning NaN. So a start is clamped into the tables where
-    the length fits them, and a length that may not fit takes `length` clamped rows in
-    place of the slice when it does not. Elsewhere the checks raise before the slice runs.
+    A run past the tables' end must still give `length` rows where nothing raises
+    (converters, XLA, JAX): a slice would stop at the end, and the runtime would then fail
+    on a shape instead of returning NaN. So a start is clamped into the tables where the
+    length fits them, and a length that may not fit takes `length` clamped rows in place
+    of the slice when it does not. Elsewhere the checks raise before the slice runs.
     """
-    # A variable is read once, as one tensor (a custom gradient under XLA takes no variable).
-    tables = [t if isinstance(t, HostConstant) else tf.convert_to_tensor(t) for t in tables]
+    t = tricks()
+    tables = [table if isinstance(table, HostConstant) else t.read(table) for table in tables]
     size = _row_count(tables)
 
     def clamped():
-        steps = tf.clip_by_value(tf.range(length) + start, 0, size - 1)
-        return _gathered(tables, steps)
+        return _gathered(tables, clamped_run(start, length, size))
 
     if _is_int(start) and _is_int(length):
-        return combine(*_sliced(tables, start, length))
-    if _is_int(length) and length > size:
+        return combine(*_sliced(tables, start, length, traced))
+    if t.is_symbolic(length) or (_is_int(length) and length > size):
         return combine(*clamped())
     first = start
     if not _is_int(start):
-        first = tf.clip_by_value(start, 0, tf.maximum(size - length, 0))
-    if _is_int(length) or not _tf.assertions_dropped():
-        return combine(*_sliced(tables, first, length))
-    return _tf.choose_at_run_time(
-        tf.logical_and(start >= 0, start <= size - length),
-        lambda: _sliced(tables, first, length),
+        first = ops.clip(start, 0, t.maximum(size - length, 0))
+    if _is_int(length) or not t.assertions_dropped():
+        return combine(*_sliced(tables, first, length, traced))
+    return t.choose_at_run_time(
+        ops.logical_and(start >= 0, start <= size - length),
+        lambda: _sliced(tables, first, length, traced),
         clamped,
         combine,
-        unknown=(length if _is_int(start) else start) >= 0,
+        unknown=lambda: (length if _is_int(start) else start) >= 0,
     )

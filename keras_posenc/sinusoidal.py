@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_layers, layouts
+from keras_posenc import layouts
 from keras_posenc._checks import (
     checked_call_input,
     checked_choice,
@@ -15,8 +15,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
     checked_positive_int,
 )
-from keras_posenc._keras_ops import uses_tensorflow
-from keras_posenc._lazy import _tf, tf
+from keras_posenc._lazy import tricks
 from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
     FREQUENCY_SPACINGS,
@@ -32,23 +31,6 @@ from keras_posenc.positions import position_rows, static_dim
 LAYOUTS = ("interleaved", "concat")
 
 
-def _interleave(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
-    # [sin ω0, cos ω0, sin ω1, cos ω1, ...]: neighbours share a frequency.
-    pairs = tf.stack(
-        [sin, cos], axis=sin.shape.rank
-    )  # non-negative: see rotary_tables.channel_tables
-    return tf.reshape(pairs, tf.concat([tf.shape(sin)[:-1], [2 * sin.shape[-1]]], 0))
-
-
-def _concat(sin: tf.Tensor, cos: tf.Tensor) -> tf.Tensor:
-    # [sin ω0, sin ω1, ..., cos ω0, cos ω1, ...]: the layout of tensor2tensor, fairseq and
-    # Whisper (which also space the frequencies their own way: frequency_spacing).
-    return tf.concat([sin, cos], axis=-1)
-
-
-_LAYOUT_FUNCTIONS = {"interleaved": _interleave, "concat": _concat}
-
-
 def encoding_table(
     width: int, max_wavelength: float, layout: str, frequency_spacing: str = "vaswani"
 ) -> PositionTable:
@@ -57,7 +39,7 @@ def encoding_table(
         ("sinusoidal", width, max_wavelength, layout, frequency_spacing),
         lambda: PositionTable(
             FrequencyTable(inverse_frequencies(width, max_wavelength, frequency_spacing)),
-            lambda sin, cos: (_LAYOUT_FUNCTIONS[layout](sin, cos),),
+            lambda sin, cos: (tricks().encoding(layout, sin, cos),),
             lambda sin, cos: (layouts.encoding(layout, sin, cos),),
         ),
     )
@@ -69,12 +51,9 @@ def axes_encoding_rows(
     """Rows `[encode(axis 0), encode(axis 1), ...]` of `width / axes` channels each."""
     omega = inverse_frequencies(width // axes, max_wavelength, frequency_spacing)
     pairs = AxisPairs(np.tile(omega, axes), np.repeat(np.arange(axes), len(omega)))
-
-    def make_rows(sin, cos):
-        blocks = zip(tf.split(sin, axes, -1), tf.split(cos, axes, -1), strict=True)
-        return (tf.concat([_LAYOUT_FUNCTIONS[layout](s, c) for s, c in blocks], -1),)
-
-    return AxesRows(pairs.sin_cos, make_rows, axes)
+    return AxesRows(
+        pairs.sin_cos, lambda sin, cos: (tricks().encoding(layout, sin, cos, axes),), axes
+    )
 
 
 def sinusoidal_table(
@@ -224,8 +203,7 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs, positions=None, start_index=0):
-        if not uses_tensorflow():
-            return _keras_layers.sinusoidal_call(self, inputs, positions, start_index)
+        t = tricks()
         checked_call_input(self, inputs, 3, {-1: self._table_width})
         if self.axes > 1 and positions is None:
             raise ValueError(
@@ -240,13 +218,12 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
             start_index,
             limit=MAX_POSITIONS,
             limit_hint="the encoding is exact only below that.",
-            combine=lambda encoding: _tf.add_rounded_once(inputs, encoding),
+            combine=lambda encoding: t.add_rounded_once(inputs, encoding),
             batch=static_dim(inputs, 0),
             axes=self.axes,
+            traced=t.is_traced(inputs),
         )
-        # The rows' own shapes are not always static (rows chosen at run time): keep the
-        # input's, so that a layer after this one (an Einsum) converts without Flex ops.
-        outputs.set_shape(inputs.shape)
+        t.keep_static_shape(outputs, inputs.shape)
         return outputs
 
     def position_tables(self) -> tuple[PositionTable, ...]:

@@ -81,7 +81,7 @@ def test_both_xla_swaps_match_the_formula(monkeypatch, traced_graph, swap, layou
     # Under XLA:CPU the swap is a concat below a size and a gather above it (the two also
     # take the rows of a runtime start differently); the inputs here are small, so the
     # threshold moves to put each form to the test.
-    monkeypatch.setattr(_tf, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40)
+    monkeypatch.setattr(_tf.rotation, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40)
     shape, layer_arguments, reference_arguments = INPUT_FORMS[form]
     layer = RotaryEmbedding(layout=layout, **layer_arguments)
     x = _uniform(shape)

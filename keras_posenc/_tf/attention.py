@@ -13,11 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_posenc._tf.tracing import in_xla_context
-
-
-def static_value(value):
-    """`value` as a numpy value when it is known while tracing (eager, a constant), else None."""
-    return tf.get_static_value(value)
+from keras_posenc._tf.values import static_value  # noqa: F401  the attention call asks it
 
 
 def asserted(condition, message: list):

@@ -1,0 +1,132 @@
+"""The values of the encoder layers' rows on JAX and PyTorch: `keras_posenc._tf.tables`' names.
+
+The same operands and arithmetic as TensorFlow's graphs (so the same numbers: the split
+tables' products, the fixed-point sum of `exact_sin_cos`), in `keras.ops`; a run from a
+traced start reads the split tables by slices, which XLA:CPU runs far faster than gathers.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_posenc import layouts
+
+_TURN = 2**31  # one turn, as in `keras_posenc._tf.exact_sin_cos`
+
+
+def one_call_eagerly(function: Callable) -> Callable:
+    """`function` (TensorFlow makes it one `tf.function` eagerly)."""
+    return function
+
+
+# --------------------------------------------------------------------------------------
+# Rows of the split tables, and of frequencies made in the graph
+
+
+# Per frequency table, the host arrays `_run_by_slices` slices: the fine rows twice over (a
+# run's fine rows then never wrap) and the coarse rows with one more (the next coarse row
+# of the last one is never used, but must exist for a slice of two).
+_run_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def run_sin_cos(frequencies, start, length, top: int, below: int | None):
+    """`frequencies.sin_cos` of the run `start .. start + length - 1`, clamped below `top`.
+
+    For a traced `start` and `length <= CACHED_POSITIONS`, by slices: the same operands
+    and arithmetic (so the same values), without gathers, which XLA:CPU runs far slower
+    than slices. Otherwise the gathers of `sin_cos`.
+    """
+    from keras_posenc.frequencies import CACHED_POSITIONS
+    from keras_posenc.rows import clamped_run
+
+    if isinstance(start, (int, np.integer)) or length > CACHED_POSITIONS:
+        return frequencies.sin_cos(clamped_run(start, length, top), below=below)
+    return _run_by_slices(frequencies, start, length)
+
+
+def _run_by_slices(frequencies, start, length: int):
+    """`start` is clamped into the tables; the caller poisons the rows of a bad run."""
+    from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
+
+    if frequencies not in _run_tables:
+        fine_sin, fine_cos, coarse_sin, coarse_cos = (
+            table.array for table in frequencies._split_tables
+        )
+        _run_tables[frequencies] = (
+            np.concatenate([fine_sin, fine_sin]),
+            np.concatenate([fine_cos, fine_cos]),
+            np.concatenate([coarse_sin, coarse_sin[-1:]]),
+            np.concatenate([coarse_cos, coarse_cos[-1:]]),
+        )
+    fine_sin, fine_cos, coarse_sin, coarse_cos = _run_tables[frequencies]
+    width = fine_sin.shape[1]
+    start = ops.clip(start, 0, MAX_POSITIONS - length)
+    coarse = start // CACHED_POSITIONS
+    fine = start - coarse * CACHED_POSITIONS
+    sin_b = ops.slice(fine_sin, (fine, 0), (length, width))
+    cos_b = ops.slice(fine_cos, (fine, 0), (length, width))
+    # Rows past the end of the fine rows take the next coarse row.
+    carried = ops.expand_dims(ops.arange(length, dtype="int32") >= CACHED_POSITIONS - fine, -1)
+    two_sin = ops.slice(coarse_sin, (coarse, 0), (2, width))
+    two_cos = ops.slice(coarse_cos, (coarse, 0), (2, width))
+    sin_a = ops.where(carried, two_sin[1:], two_sin[:1])
+    cos_a = ops.where(carried, two_cos[1:], two_cos[:1])
+    return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
+
+
+def _split_halves(x):
+    scaled = x * 4097.0
+    high = scaled - (scaled - x)
+    return high, x - high
+
+
+def exact_sin_cos(positions, turns):
+    """`_tf.exact_sin_cos` here: the same fixed-point sum, so the same angles.
+
+    JAX has no int64 by default: its sum is int32, which wraps modulo 2^32; a turn being
+    2^31, the wrapped sum reduces to the same fraction of a turn (a bit mask, not floormod).
+    """
+    wide = "int64" if keras.backend.backend() == "torch" else "int32"
+    turns_high, turns_low = _split_halves(ops.cast(turns, "float32"))
+    positions = ops.expand_dims(ops.cast(positions, "int32"), -1)
+    position_low = positions % 4096
+    position_high = ops.cast(positions - position_low, "float32")
+    position_low = ops.cast(position_low, "float32")
+    fixed = ops.zeros((), wide)
+    for position_part in (position_high, position_low):
+        for turns_part in (turns_high, turns_low):
+            product = position_part * turns_part
+            fraction = product - ops.round(product)
+            fixed = fixed + ops.cast(ops.round(fraction * float(_TURN)), wide)
+    half = _TURN // 2
+    wrapped = ops.bitwise_and(fixed + half, _TURN - 1) - half
+    angle = ops.cast(wrapped, "float32") * np.float32(2.0 * np.pi / _TURN)
+    return ops.sin(angle), ops.cos(angle)
+
+
+def dynamic_turns(total_length, omega: np.ndarray, factor: float, max_positions: int):
+    """`_tf.dynamic_turns` here (float32, as TensorFlow forms it)."""
+    dim = 2 * len(omega)
+    exponents = (np.arange(0, dim, 2, dtype=np.float64) / (dim - 2)).astype(np.float32)
+    length = ops.maximum(ops.cast(total_length, "float32"), float(max_positions))
+    growth = factor * length / float(max_positions) - (factor - 1.0)
+    correction = ops.exp(ops.convert_to_tensor(-exponents) * ops.log(growth))
+    return ops.convert_to_tensor((omega / (2 * math.pi)).astype(np.float32)) * correction
+
+
+# --------------------------------------------------------------------------------------
+# The layouts of the rows (`keras_posenc.layouts` in `keras.ops`)
+
+
+def encoding(layout: str, sin, cos, axes: int = 1):
+    return layouts.encoding(layout, sin, cos, axes, ops)
+
+
+def channel_tables(layout: str, sin, cos) -> tuple:
+    return layouts.channel_tables(layout, sin, cos, ops)
