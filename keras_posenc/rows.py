@@ -46,6 +46,8 @@ def _is_int(value) -> bool:
 def clamped_run(start, length, top: int):
     """The positions `start .. start + length - 1` as int32, clamped into `[0, top)` (the
     caller poisons the rows of bad ones)."""
+    if _is_int(start) and _is_int(length) and 0 <= start <= top - length:
+        return ops.arange(start, start + length, dtype="int32")  # in range: nothing to clamp
     return ops.clip(ops.arange(length, dtype="int32") + start, 0, top - 1)
 
 

@@ -16,6 +16,8 @@ import numpy as np
 from keras import ops
 
 from keras_posenc import layouts
+from keras_posenc._host_constant import HostConstant
+from keras_posenc._keras_ops.values import is_traced
 
 _TURN = 2**31  # one turn, as in `keras_posenc._tf.exact_sin_cos`
 
@@ -29,7 +31,7 @@ def one_call_eagerly(function: Callable) -> Callable:
 # Rows of the split tables, and of frequencies made in the graph
 
 
-# Per frequency table, the host arrays `_run_by_slices` slices: the fine rows twice over (a
+# Per frequency table, the host tables `_run_by_slices` slices: the fine rows twice over (a
 # run's fine rows then never wrap) and the coarse rows with one more (the next coarse row
 # of the last one is never used, but must exist for a slice of two).
 _run_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -58,13 +60,19 @@ def _run_by_slices(frequencies, start, length: int):
         fine_sin, fine_cos, coarse_sin, coarse_cos = (
             table.array for table in frequencies._split_tables
         )
-        _run_tables[frequencies] = (
-            np.concatenate([fine_sin, fine_sin]),
-            np.concatenate([fine_cos, fine_cos]),
-            np.concatenate([coarse_sin, coarse_sin[-1:]]),
-            np.concatenate([coarse_cos, coarse_cos[-1:]]),
+        _run_tables[frequencies] = tuple(
+            HostConstant(array)
+            for array in (
+                np.concatenate([fine_sin, fine_sin]),
+                np.concatenate([fine_cos, fine_cos]),
+                np.concatenate([coarse_sin, coarse_sin[-1:]]),
+                np.concatenate([coarse_cos, coarse_cos[-1:]]),
+            )
         )
-    fine_sin, fine_cos, coarse_sin, coarse_cos = _run_tables[frequencies]
+    # Eagerly (a PyTorch tensor start) tensors made once, not a copy of the tables a call.
+    traced = is_traced(start)
+    tables = (table.tensor(traced) for table in _run_tables[frequencies])
+    fine_sin, fine_cos, coarse_sin, coarse_cos = tables
     width = fine_sin.shape[1]
     start = ops.clip(start, 0, MAX_POSITIONS - length)
     coarse = start // CACHED_POSITIONS
