@@ -217,9 +217,8 @@ def _symbolic_run(table: TableRows, start, length) -> tuple:
     rows equal them bitwise (coarse row 0 is sin 0, cos 1: the products give the fine row,
     FMA or not), so the choice is for speed, one gather instead of four and the products.
     The conditional also keeps the rows from fusing into what follows, where XLA would
-    compute them again for every batch row and head (measured against `jax.jit` on the
-    rotary 8x512x8x64 of `python -m benchmarks --backend jax`, 2-core CPU: 2.0-2.7x the
-    time without it, 1.2-1.5x with it).
+    compute them again for every batch row and head (docs/backends.md, "Keras's own
+    export": the cost with and without it).
     """
     size = _row_count(table.ready)
     positions = clamped_run(start, length, table.limit)

@@ -36,14 +36,14 @@ def add_rounded_once(inputs: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
 
 
 def cast(x, dtype) -> tf.Tensor:
-    """`tf.cast`: eagerly `keras.ops.cast` costs about 20 µs more a call (benchmark case:
-    rotary, eager tiny call)."""
+    """`tf.cast`: eagerly `keras.ops.cast` adds its own dtype handling to every call
+    (docs/backends.md has the cost)."""
     return tf.cast(x, dtype)
 
 
 def reshape(x, shape) -> tf.Tensor:
-    """`tf.reshape`: eagerly `keras.ops.reshape` costs about 0.2 ms more a call (its
-    checks of the shape; benchmark case: rotary, eager tiny call)."""
+    """`tf.reshape`: eagerly `keras.ops.reshape` checks the shape at every call
+    (docs/backends.md has the cost)."""
     return tf.reshape(x, shape)
 
 
