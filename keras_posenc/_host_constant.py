@@ -26,22 +26,26 @@ class HostConstant:
         self.array = array
         self._eager_tensor = None
 
-    def tensor(self, traced: bool | None = None):
+    def tensor(self, traced: bool):
         """The array as a tensor: a constant of the graph being traced, else one cached
-        tensor. `traced`: whether a graph is traced (None: TensorFlow says)."""
+        tensor. `traced`: whether the call is traced (its input or its start)."""
         t = tricks()
-        if not (t.is_traced() if traced is None else traced):
-            if self._eager_tensor is None:
-                self._eager_tensor = ops.convert_to_tensor(self.array)
-            return self._eager_tensor
-        return t.traced_constant(self, (), lambda: self.array)
+        if traced:
+            return t.traced_constant(self, (), lambda: self.array)
+        if self._eager_tensor is None:
+            tensor = ops.convert_to_tensor(self.array)
+            if t.is_traced(tensor):
+                # Made inside a trace all the same (JAX: a call whose values are constants
+                # of a `jax.jit`): kept, it would outlive the trace and fail every call.
+                return tensor
+            self._eager_tensor = tensor
+        return self._eager_tensor
 
-    def rows(self, start, length, traced: bool | None = None):
+    def rows(self, start, length, traced: bool):
         """Rows `start .. start + length - 1`: when both are ints and a graph is traced,
         a constant of just those rows, so a trace embeds no more of the table than it uses
         (a retrace per Python-int start would otherwise copy the whole table each time)."""
         t = tricks()
-        traced = t.is_traced() if traced is None else traced
         if (
             isinstance(start, (int, np.integer))
             and isinstance(length, (int, np.integer))

@@ -101,11 +101,13 @@ def run_rows(table: TableRows, start, length, combine=as_rows, traced=None):
     size), checked by the caller, who poisons the rows of a bad run
     (`positions.position_rows`). `combine` is what it makes of the rows (`inputs + rows`,
     a rotation); where the rows are chosen at run time it may run inside the branches
-    (`choose_at_run_time`). `traced`: whether the call is traced (None: as `start` says),
-    which embeds the rows of a known run as constants of just those rows.
+    (`choose_at_run_time`). `traced`: whether the call's input is traced (the call is also
+    traced where its start is), which embeds the rows of a known run as constants of just
+    those rows.
     """
     t = tricks()
-    traced = t.is_traced(start) if traced is None else traced
+    # A traced start traces the call, whatever its input (a constant closed over by `jax.jit`).
+    traced = bool(traced) or t.is_traced(start)
     ready = table.ready
     bound = None if table.limit is None else t.position_bound()
     if bound is not None:

@@ -108,6 +108,39 @@ def test_jit_compiles_once_per_shape(kind):
         np.testing.assert_allclose(output, eager, rtol=0, atol=4 * 2.5e-7 * np.abs(x).max())
 
 
+TABLE_KINDS = ["sinusoidal", "rotary", "rotary_long", "dynamic"]
+TRACES = ["traced_start", "int_start", "fori_loop"]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.jit")
+@pytest.mark.parametrize("kind", TABLE_KINDS)
+@pytest.mark.parametrize("trace", TRACES)
+def test_a_trace_of_a_constant_input_leaves_the_table_usable(kind, trace):
+    """A trace whose input is a constant (closed over) must not keep a traced value in the
+    table the layers share: every later call, eager or traced, would fail."""
+    import jax
+
+    # A table of its own (tables are shared by configuration), first used inside the trace.
+    wavelength = 20000.0 + 100 * TABLE_KINDS.index(kind) + TRACES.index(trace)
+    layer, x = _layers()[kind]
+    layer = type(layer).from_config({**layer.get_config(), "max_wavelength": wavelength})
+    x = keras.ops.convert_to_tensor(x)
+    start = 5000 if kind == "rotary_long" else 9
+    if trace == "traced_start":
+        traced = jax.jit(lambda s: layer(x, start_index=s))(np.int32(start))
+    elif trace == "int_start":
+        traced = jax.jit(lambda: layer(x, start_index=start))()
+    else:
+        traced = jax.lax.fori_loop(
+            start, start + 1, lambda s, _: layer(x, start_index=s), keras.ops.zeros_like(x)
+        )
+    eager = keras.ops.convert_to_numpy(layer(x, start_index=start))
+    again = jax.jit(lambda s: layer(x, start_index=s))(np.int32(start))
+    atol = 4 * 2.5e-7 * np.abs(keras.ops.convert_to_numpy(x)).max()
+    np.testing.assert_allclose(np.asarray(traced), eager, rtol=0, atol=atol)
+    np.testing.assert_allclose(np.asarray(again), eager, rtol=0, atol=atol)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="jax.export")
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
 def test_exports_with_a_symbolic_batch(kind):
