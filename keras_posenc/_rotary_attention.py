@@ -18,6 +18,7 @@ from keras import ops
 
 from keras_posenc import _keras_private as private
 from keras_posenc._attend import attend, tempered, tricks, within_chunks
+from keras_posenc._host_integers import RefusesHostIntegersPastInt32
 from keras_posenc._kv_cache import (
     checked_attention_mask,
     checked_batches,
@@ -42,7 +43,7 @@ from keras_posenc.query_key_norm import QueryKeyNorm, checked_query_key_norm, is
 from keras_posenc.rotary import RotaryEmbedding
 
 
-class RotaryAttention:
+class RotaryAttention(RefusesHostIntegersPastInt32):
     """Mixin for a Keras attention layer whose projected queries and keys are rotated.
 
     Listed before the Keras base class, it replaces the base's `call` and adds the rotary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from keras_posenc._host_integers import RefusesHostIntegersPastInt32
 from keras_posenc._rope_options import ROPE_DEFAULTS
 from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention
 
@@ -14,7 +15,7 @@ MLP_KINDS = ("swiglu", "gelu")
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class DecoderBlock(keras.layers.Layer):
+class DecoderBlock(RefusesHostIntegersPastInt32, keras.layers.Layer):
     """RMSNorm -> grouped-query RoPE attention -> residual -> RMSNorm -> MLP -> residual.
 
     The block of Llama, Mistral and Qwen (`mlp="swiglu"`: `down(silu(gate(x)) * up(x))`),

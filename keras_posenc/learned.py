@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_posenc import _keras_private
 from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
+from keras_posenc._host_integers import RefusesHostIntegersPastInt32
 from keras_posenc._lazy import tricks
 from keras_posenc.positions import position_rows, static_dim
 from keras_posenc.rows import TableRows
@@ -32,7 +33,7 @@ def _initializer(identifier):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class LearnedPositionalEmbedding(keras.layers.Layer):
+class LearnedPositionalEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
     """Adds a trainable position table to its input: `inputs + E[positions]`.
 
     The table `E` has `max_length` rows of the input width; positions past it are an

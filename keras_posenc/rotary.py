@@ -27,6 +27,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
     rank_of,
 )
+from keras_posenc._host_integers import RefusesHostIntegersPastInt32
 from keras_posenc._lazy import tricks
 from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
@@ -47,7 +48,7 @@ _LIMIT_HINT = "the rotation is exact only below that."
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
     """Rotary position embedding (RoPE): rotates channel pairs by `position·ω_k`.
 
     Apply it to queries and keys (after projection, before the dot product); their

@@ -15,6 +15,7 @@ from keras_posenc._checks import (
     checked_max_wavelength,
     checked_positive_int,
 )
+from keras_posenc._host_integers import RefusesHostIntegersPastInt32
 from keras_posenc._lazy import tricks
 from keras_posenc.axes import AxesRows, AxisPairs
 from keras_posenc.frequencies import (
@@ -119,7 +120,7 @@ class SinusoidalInitializer(keras.initializers.Initializer):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class SinusoidalPositionalEncoding(keras.layers.Layer):
+class SinusoidalPositionalEncoding(RefusesHostIntegersPastInt32, keras.layers.Layer):
     """Adds the fixed sinusoidal position encoding of Vaswani et al. (2017) to its input.
 
     With `ω_k = max_wavelength^(-2k/width)`, position `i` gets

@@ -117,6 +117,17 @@ def test_a_python_int_start_past_int32_in_a_graph_is_a_range_error(make_layer):
         call(tf.zeros((1, 3, 8)))
 
 
+@pytest.mark.parametrize(
+    "call",
+    [{"start_index": np.int64(2**33)}, {"positions": np.arange(3, dtype=np.uint64) + 2**40}],
+)
+def test_numpy_integers_past_int32_are_refused_by_name(make_layer, call):
+    # Before Keras converts them: JAX without x64 would keep their low 32 bits.
+    (name,) = call
+    with pytest.raises(ValueError, match=rf"{name} holds \d+, past int32"):
+        make_layer()(tf.zeros((1, 3, 8)), **call)
+
+
 @pytest.mark.parametrize("dtype", [tf.int8, tf.int16, tf.uint8, tf.uint16])
 @pytest.mark.parametrize("jit", [False, True])
 def test_narrow_integer_positions_give_the_right_rows(dtype, jit):

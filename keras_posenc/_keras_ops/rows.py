@@ -70,8 +70,12 @@ def nan_unless(rows, valid) -> tuple:
 
 def _int32_saturated(x):
     """Integers as int32, clipped (2^32 + 5 must stay out of range, not become 5)."""
-    if keras.backend.standardize_dtype(x.dtype) in ("int64", "uint32", "uint64"):
-        bounds = np.iinfo(np.int32)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    bounds = np.iinfo(np.int32)
+    if dtype in ("uint32", "uint64"):
+        # Only the top to clip: a negative bound would wrap in the unsigned dtype.
+        x = ops.minimum(x, np.array(bounds.max, dtype))
+    elif dtype == "int64":
         x = ops.clip(x, int(bounds.min), int(bounds.max))
     return ops.cast(x, "int32")
 
@@ -83,9 +87,17 @@ def as_int32_positions(x):
 
 def as_positions(positions):
     """`positions` as a host array when known now (checked on the host: under `jax.jit` a
-    computation on a constant is traced, its value unknown), else a tensor."""
+    computation on a constant is traced, its value unknown), else a tensor; integers of
+    another width as int32, saturated, so that the checks compare in int32 (in uint8 the
+    limit 2^24 would wrap to 0)."""
     values = static_value(positions)
-    return np.asarray(values) if values is not None else ops.convert_to_tensor(positions)
+    if values is not None:
+        return np.asarray(values)
+    positions = ops.convert_to_tensor(positions)
+    dtype = keras.backend.standardize_dtype(positions.dtype)
+    if "int" in dtype and dtype != "int32":
+        return _int32_saturated(positions)
+    return positions
 
 
 # --------------------------------------------------------------------------------------

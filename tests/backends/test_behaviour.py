@@ -52,6 +52,41 @@ def test_bad_input_raises_eagerly(kind, call, message):
         layer(x, **call)
 
 
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"start_index": np.int64(2**33)},
+        {"start_index": np.int64(2**32 + 5)},
+        {"start_index": np.uint64(2**63)},
+        {"positions": np.arange(12, dtype=np.int64) + 2**32},
+    ],
+)
+def test_integers_past_int32_raise(kind, call):
+    """numpy integers past int32 are past every table: an error on every backend, not the
+    rows of their low 32 bits (what JAX without x64 makes of them)."""
+    layer, x = _layers()[kind]
+    with pytest.raises(ValueError, match="past int32"):
+        layer(x, **call)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.int64])
+def test_positions_of_any_integer_dtype(dtype):
+    """Positions of a narrow or unsigned integer dtype are their values, eager and traced."""
+    layer, x = _layers()["rotary"]
+    positions = np.arange(3, 15).astype(dtype)
+    expected = keras.ops.convert_to_numpy(layer(x, positions=positions.astype(np.int32)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer(x, positions=positions)), expected
+    )
+    if BACKEND == "jax":
+        import jax
+
+        traced = np.asarray(jax.jit(lambda x, p: layer(x, positions=p))(x, positions))
+        atol = 4 * 2.5e-7 * np.abs(x).max()  # XLA may fuse the rotation into FMAs
+        np.testing.assert_allclose(traced, expected, rtol=0, atol=atol)
+
+
 def test_learned_run_past_its_table_raises():
     with pytest.raises(ValueError, match="larger max_length"):
         kp.LearnedPositionalEmbedding(40)(X, start_index=30)
