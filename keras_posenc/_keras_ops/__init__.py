@@ -6,8 +6,10 @@ asks `keras_posenc._lazy.tricks()`: `keras_posenc._tf` on TensorFlow, this packa
 and PyTorch, under the same names, module by module:
 
 - `values`: whether a value is known now or traced, and a size symbolic;
-- `rows`: checks and NaN poisoning, slices and run-time choices of rows, the split
-  tables, dynamic NTK's frequencies, the rows' layouts;
+- `tracing`: the graph being traced (always XLA under JAX; no export bound, no stored
+  tables, which are TensorFlow's);
+- `rows`: checks and NaN poisoning, slices and run-time choices of rows;
+- `tables`: the split tables' rows, dynamic NTK's frequencies, the rows' layouts;
 - `rotation`: the dtype the layers combine in, RoPE's channel swap;
 - `attention`: what the attention layers' call needs (`keras_posenc._tf.attention`).
 
