@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 from keras_hub_models import MAX_LENGTH as HUB_LENGTH
 from keras_hub_models import tiny_causal_lm
-from test_decoder_save import MAX_LENGTH, step_model
+from test_decoder_save import step_model
 
 from keras_posenc.export import VerificationError, save_decoder
 from keras_posenc.export.decoder import save
 from keras_posenc.export.errors import ExportError
 
 MAX_POSITIONS = 2**24
+SHORT = 16  # short exports: the verification's prompt of 8 and 8 steps
 
 
 def _no_work(monkeypatch):
@@ -85,10 +86,10 @@ def test_max_length_past_the_tables_is_refused_for_keras_hub_too(tmp_path, monke
 
 
 def test_a_numpy_integer_max_length_works(tmp_path):
-    report = save_decoder(step_model(), tmp_path / "out", max_length=np.int64(MAX_LENGTH))
+    report = save_decoder(step_model(), tmp_path / "out", max_length=np.int64(SHORT))
     assert report["passed"]
     config = json.loads((tmp_path / "out" / "genai_config.json").read_text())
-    assert config["model"]["context_length"] == MAX_LENGTH
+    assert config["model"]["context_length"] == SHORT
 
 
 def test_a_keras_hub_backbone_is_told_to_pass_its_causal_lm(tmp_path, monkeypatch):
@@ -99,7 +100,7 @@ def test_a_keras_hub_backbone_is_told_to_pass_its_causal_lm(tmp_path, monkeypatc
 
 
 def _perturbed_onnx(monkeypatch):
-    """A file whose cos table is wrong at row 40: its verification fails."""
+    """A file whose cos table is wrong at row 12: its verification fails."""
     real = save.decoder_onnx
 
     def perturbed(decoder, attention):
@@ -109,7 +110,7 @@ def _perturbed_onnx(monkeypatch):
         for tensor in onnx_model.graph.initializer:
             if tensor.name == "cos_cache":
                 table = numpy_helper.to_array(tensor).copy()
-                table[40] *= 1.01
+                table[12] *= 1.01
                 tensor.CopyFrom(numpy_helper.from_array(table, "cos_cache"))
         return onnx_model
 
@@ -122,25 +123,32 @@ def test_a_users_file_at_the_report_name_survives_failure_and_success(tmp_path, 
     users.write_text("my notes\n")
     with monkeypatch.context() as patch:
         _perturbed_onnx(patch)
-        with pytest.raises(VerificationError, match="not written.*my notes|not written") as error:
-            save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+        with pytest.raises(VerificationError, match="not written by save_decoder") as error:
+            save_decoder(model, tmp_path / "out", max_length=SHORT)
     assert users.read_text() == "my notes\n"
     assert not error.value.report["passed"]  # the report is on the error
-    save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+    save_decoder(model, tmp_path / "out", max_length=SHORT)
     assert users.read_text() == "my notes\n"
 
 
 def test_the_packages_own_report_is_replaced_and_removed(tmp_path, monkeypatch):
     model = step_model()
     report_path = save.failed_report_path(tmp_path / "out")
-    for _ in range(2):  # the second failure replaces the first report
-        with monkeypatch.context() as patch:
-            _perturbed_onnx(patch)
-            with pytest.raises(VerificationError):
-                save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
-        assert not json.loads(report_path.read_text())["passed"]
-    save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+    # An earlier failure's report (as the package marks them), replaced by this one's.
+    report_path.write_text(json.dumps({"written_by": save_marker(), "cases": "earlier"}))
+    with monkeypatch.context() as patch:
+        _perturbed_onnx(patch)
+        with pytest.raises(VerificationError, match=str(report_path)) as error:
+            save_decoder(model, tmp_path / "out", max_length=SHORT)
+    assert json.loads(report_path.read_text()) == json.loads(json.dumps(error.value.report))
+    save_decoder(model, tmp_path / "out", max_length=SHORT)
     assert not report_path.exists()
+
+
+def save_marker() -> str:
+    from keras_posenc.export.decoder import failed_report
+
+    return failed_report.WRITTEN_BY
 
 
 # The CLI: a `.keras` file holding the user's own layer.
@@ -171,7 +179,7 @@ def test_cli_imports_the_users_module_before_loading(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, name)
 
     arguments = parse_arguments(["--model", str(path)])
-    with pytest.raises(Exception, match=rf"--import MODULE") as error:
+    with pytest.raises(Exception, match=r"--import MODULE") as error:
         job.jobs(arguments)[0].load()
     assert "Doubled" in str(error.value)
 

@@ -25,7 +25,13 @@ from test_decoder_save import MAX_LENGTH, VOCABULARY, WIDTH, step_model
 
 from keras_posenc import DecoderBlock, RotaryGroupQueryAttention, decoder_models
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
+from keras_posenc.export.decoder import (
+    compare_greedy,
+    decoder_cases,
+    decoder_onnx,
+    onnx_greedy,
+    runtime_version,
+)
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
 
@@ -41,31 +47,41 @@ def _no_work(monkeypatch):
         monkeypatch.setattr(save, name, reached)
 
 
-# gptq and awq need calibration data to quantize; they set the same `quantization_mode`.
-@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
-@pytest.mark.parametrize("verify", [True, False])
-def test_a_quantized_step_model_is_refused_by_name(tmp_path, monkeypatch, mode, verify):
+def _quantized(mode: str, whole: bool):
+    """A step model quantized whole (`model.quantize`, 13 s here) or in one Dense."""
     model = step_model()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Layer RMSNormalization does not have `quantize`"
-        model.quantize(mode)
+        if whole:
+            model.quantize(mode)
+        else:
+            next(layer for layer in model.layers if hasattr(layer, "up")).up.quantize(mode)
+    return model
+
+
+# gptq and awq need calibration data to quantize; they set the same `quantization_mode`.
+@pytest.mark.parametrize(
+    "mode, whole", [("int8", True), ("int4", False), ("float8", False)], ids=str
+)
+def test_a_quantized_step_model_is_refused_by_name(tmp_path, monkeypatch, mode, whole):
+    model = _quantized(mode, whole)
     _no_work(monkeypatch)
-    with pytest.raises(ExportError, match=rf"quantized.*{mode}.*'(up|gate|down)'") as error:
-        save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, verify=verify)
-    assert "float" in str(error.value)  # the way out: export the float model
-    assert not (tmp_path / "out").exists()
+    for verify in (True, False):  # a wrong file was kept with verify=False
+        with pytest.raises(ExportError, match=rf"quantized.*{mode}.*'(up|gate|down)'") as error:
+            save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, verify=verify)
+        assert "float" in str(error.value)  # the way out: export the float model
+        assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_quantized_keras_hub_model_is_refused_by_name(tmp_path, monkeypatch, mode):
+def test_a_quantized_keras_hub_model_is_refused_by_name(tmp_path, monkeypatch):
     causal_lm = tiny_causal_lm("llama")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        causal_lm.quantize(mode)
-    with pytest.raises(ExportError, match=rf"quantized.*{mode}"):
+        causal_lm.quantize("int8")
+    with pytest.raises(ExportError, match=r"quantized.*int8"):
         describe_causal_lm(causal_lm, HUB_LENGTH)
     _no_work(monkeypatch)
-    with pytest.raises(ExportError, match=rf"quantized.*{mode}"):
+    with pytest.raises(ExportError, match=r"quantized.*int8"):
         save_decoder(causal_lm, tmp_path / "out", max_length=HUB_LENGTH, verify=False)
     assert not (tmp_path / "out").exists()
 
@@ -86,7 +102,7 @@ def test_a_float16_model_is_exported_as_its_float32_copy(tmp_path, dtype):
     """Verified against Keras in float16 the float32 file is off by 4e-3 (the issue)."""
     model = _low_precision_step_model(dtype)
     with pytest.warns(UserWarning, match=r"float16.*float32 copy"):
-        report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
+        report = save_decoder(model, tmp_path / "out", max_length=24)
     assert report["passed"]
 
 
@@ -172,11 +188,46 @@ def test_a_subclass_setting_not_carried_is_refused(tmp_path):
     save_decoder(model, tmp_path / "plain", max_length=MAX_LENGTH, verify=False)
 
 
+def test_a_keras_hub_backbone_setting_not_read_is_refused(tmp_path):
+    """A key the bridge was not written for (a subclass's, or a later keras_hub's)."""
+    import keras_hub
+
+    class Shifted(keras_hub.models.LlamaBackbone):
+        def __init__(self, *args, shift: float = 0.0, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shift = shift
+
+        def get_config(self):
+            return {**super().get_config(), "shift": self.shift}
+
+    options = dict(
+        vocabulary_size=HUB_VOCABULARY,
+        num_layers=1,
+        num_query_heads=2,
+        hidden_dim=32,
+        intermediate_dim=48,
+        num_key_value_heads=1,
+    )
+    causal_lm = keras_hub.models.LlamaCausalLM(Shifted(**options, shift=0.5), preprocessor=None)
+    with pytest.raises(ExportError, match=r"LlamaCausalLM.*shift=0\.5"):
+        save_decoder(causal_lm, tmp_path / "out", max_length=HUB_LENGTH)
+    causal_lm = keras_hub.models.LlamaCausalLM(Shifted(**options), preprocessor=None)
+    describe_causal_lm(causal_lm, HUB_LENGTH)  # at its default: read
+
+
 def _qwen2_windowed():
     return tiny_causal_lm("qwen2", use_sliding_window_attention=True, sliding_window_size=16)
 
 
+# onnxruntime's GroupQueryAttention windows as the export means them from 1.32 on.
+OLDER_ONNXRUNTIME = runtime_version._installed() < (1, 32)
+
+
 def test_keras_hub_qwen2_with_its_sliding_window_is_exported_and_verified(tmp_path):
+    if OLDER_ONNXRUNTIME:
+        with pytest.raises(ExportError, match="computes otherwise than the export means"):
+            save_decoder(_qwen2_windowed(), tmp_path / "out", max_length=HUB_LENGTH)
+        return
     report = save_decoder(_qwen2_windowed(), tmp_path / "out", max_length=HUB_LENGTH)
     assert report["passed"]
     # The third case goes past the window (window 16 < 128 slots).
@@ -188,6 +239,8 @@ def test_keras_hub_qwen2_window_matters():
     causal_lm = _qwen2_windowed()
     decoder = describe_causal_lm(causal_lm, HUB_LENGTH)
     assert {block.attention.window for block in decoder.blocks} == {16}
+    if OLDER_ONNXRUNTIME:
+        pytest.skip("windows are refused below onnxruntime 1.32")
     case = {**decoder_cases(HUB_VOCABULARY, HUB_LENGTH)[1], "steps": 24}
     expected = keras_hub_greedy(causal_lm)(case["prompts"], case["mask"], case["steps"])
 
