@@ -122,9 +122,8 @@ def test_a_float16_model_is_refused_when_asked(tmp_path, monkeypatch, dtype):
 def _block_with_attention(**options) -> DecoderBlock:
     """A DecoderBlock whose attention was given options the block does not know."""
     block = DecoderBlock(16, 4, 2, 96, name="b0")
-    block.attention = RotaryGroupQueryAttention(
-        16, 4, 2, positions_from_mask=True, use_bias=False, name="attention", **options
-    )
+    options = {"positions_from_mask": True, "use_bias": False, **options}
+    block.attention = RotaryGroupQueryAttention(16, 4, 2, name="attention", **options)
     return block
 
 
@@ -136,8 +135,10 @@ def _block_with_attention(**options) -> DecoderBlock:
             {"query_temperature": {"floor_scale": 8, "attn_scale": 0.1}},
             r"query_temperature.*floor_scale",
         ),
+        # Positions counting the padding: the files count a row's real tokens.
+        ({"positions_from_mask": False}, r"positions_from_mask=False"),
     ],
-    ids=["chunk", "temperature"],
+    ids=["chunk", "temperature", "positions"],
 )
 def test_attention_settings_not_carried_are_refused(tmp_path, monkeypatch, options, named):
     block = _block_with_attention(**options)
