@@ -184,6 +184,7 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
     """
     if tables not in ("exact", "keras_hub"):
         raise ValueError(f"tables must be 'exact' or 'keras_hub', got {tables!r}.")
+    max_length = checked_max_length(max_length)
     refuse_model_kind(causal_lm)
     read_block = FAMILIES[_family(causal_lm)]
     backbone = causal_lm.backbone
@@ -196,7 +197,6 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             "the export is float32 and verified against keras_hub in float32: load it with "
             'dtype="float32" (e.g. `from_preset(..., dtype="float32")`).'
         )
-    max_length = checked_max_length(max_length)
     read = [
         read_block(layer, max_length, f"{owner} layer {i}")
         for i, layer in enumerate(backbone.transformer_layers)
