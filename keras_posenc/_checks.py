@@ -9,6 +9,7 @@ may only be known while a graph runs (positions, start indices) go through the b
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import keras
@@ -22,13 +23,42 @@ def is_int(value) -> bool:
     return isinstance(value, _INTEGER) and not isinstance(value, (bool, np.bool_))
 
 
-def checked_int(value, name: str, minimum: int | None = None) -> int:
-    """`value` as an int, at least `minimum` when given, or a TypeError / ValueError."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
+def checked_int(
+    value, name: str, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> int:
+    """`value` as an int within `[minimum, maximum]` (each bound when given).
+
+    Integers of any kind are taken (Python's, numpy's, 0-d integer arrays: anything with
+    `__index__`); bools, strings and floats are not, whatever their value.
+
+    Raises:
+        TypeError: `value` is not an integer.
+        ValueError: it is outside the range; the message names the range and `hint`.
+    """
+    allowed = _range(minimum, maximum)
+    index = None
+    if not isinstance(value, (bool, np.bool_, str, bytes, float, np.floating)):
+        try:
+            index = operator.index(value)
+        except TypeError:
+            pass
+    if index is None:
+        raise TypeError(
+            f"{name} must be an integer{allowed}, got {value!r} ({type(value).__name__})." + hint
+        )
+    if (minimum is not None and index < minimum) or (maximum is not None and index > maximum):
+        raise ValueError(f"{name} must be an integer{allowed}, got {index!r}." + hint)
+    return int(index)
+
+
+def _range(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" from {minimum} to {maximum}"
+    if minimum is not None:
+        return f" >= {minimum}"
+    if maximum is not None:
+        return f" <= {maximum}"
+    return ""
 
 
 def checked_positive_int(value, name: str) -> int:

@@ -92,6 +92,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--model", type=Path, metavar="PATH.keras", help="export this saved Keras model instead"
     )
     parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this Python module (from the current folder or the installed packages) "
+        "before loading --model: the one that defines and registers the model's own layers "
+        "(keras.saving.register_keras_serializable); repeat for several",
+    )
+    parser.add_argument(
         "--out",
         type=_folder,
         metavar="DIR",
@@ -172,6 +182,26 @@ def _glued(argv: Sequence[str]) -> list[str]:
     return glued
 
 
+def user_module_path() -> None:
+    """The current folder on `sys.path` (last), where `--import` finds the user's modules
+    whether the CLI runs as `python -m` (which adds it) or as the console script."""
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    user_module_path()
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package, an empty name
+        return False
+
+
 def parse_arguments(
     argv: Sequence[str] | None = None, prog: str = "keras-posenc-export"
 ) -> argparse.Namespace:
@@ -194,6 +224,12 @@ def parse_arguments(
         )
     if arguments.encoder is not None:
         arguments.encoder = list(dict.fromkeys(arguments.encoder))  # each once, in order
+    for module in arguments.imports:
+        if not _importable(module):
+            parser.error(
+                f"--import {module}: no such module in the current folder or the installed "
+                "packages (give its dotted name, such as my_package.layers)"
+            )
     if arguments.model is not None:
         if not arguments.model.is_file():
             parser.error(f"--model {arguments.model}: no such file")

@@ -46,9 +46,7 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
         path = arguments.model
 
         def load():
-            import keras
-
-            return keras.saving.load_model(path)
+            return load_user_model(path, getattr(arguments, "imports", ()))
 
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
         return [Job(name, load, arguments.max_length, f"loaded the Keras model {path}")]
@@ -69,6 +67,40 @@ def jobs(arguments: argparse.Namespace) -> list[Job]:
             )
         )
     return result
+
+
+def load_user_model(path, imports=()):
+    """The `.keras` file at `path`, loaded after importing the modules `imports` (those
+    that register the model's own layers).
+
+    Raises:
+        TypeError: a class of the file is registered by no imported module; the message
+            says to pass `--import MODULE`.
+    """
+    import importlib
+
+    import keras
+
+    from keras_posenc_cli.arguments import user_module_path
+
+    user_module_path()
+    for module in imports:
+        importlib.import_module(module)
+    try:
+        return keras.saving.load_model(path)
+    except TypeError as error:
+        found = re.search(r"Could not locate (class|function) '([^']+)'", str(error))
+        if found is None:
+            raise
+        # Keras's config names the module that defined it (where it was saved).
+        module = re.search(r"'module': '([^']+)'", str(error)[found.end() :])
+        named = f" (saved from module {module.group(1)!r})" if module else ""
+        raise TypeError(
+            f"{path} holds the {found.group(1)} {found.group(2)!r}{named}, which Keras "
+            "cannot find: import the module that defines and registers it first, with "
+            "--import MODULE (its dotted name, from the current folder or the installed "
+            "packages; repeat for several)."
+        ) from error
 
 
 def _is_artifacts_folder(folder: Path) -> bool:

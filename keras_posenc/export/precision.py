@@ -76,29 +76,48 @@ def _is_low_precision(dtype_name: str) -> bool:
     return dtype_name.removeprefix("mixed_") in _LOW_PRECISION
 
 
-def exportable_model(model: keras.Model, bfloat16: str = "float32") -> tuple[keras.Model, list]:
+# Why each dtype is exported as a float32 copy (see `exportable_model`).
+_REASONS = {
+    "bfloat16": "tf2onnx writes a broken graph for bfloat16, tensorflow-onnx#2337, and "
+    "onnxruntime's CPU has no bfloat16 MatMul",
+    "float16": "the files are float32, verified against Keras in float32",
+}
+
+
+def exportable_model(
+    model: keras.Model, bfloat16: str = "float32", copied: tuple[str, ...] = ("bfloat16",)
+) -> tuple[keras.Model, list]:
     """The model to export and notes on what was changed.
 
     bfloat16 cannot go to ONNX: tf2onnx maps it to float16 and writes a broken graph
     (tensorflow-onnx#2337), and onnxruntime's CPU has no bfloat16 MatMul. A model that uses
-    bfloat16 anywhere is exported as its `float32_copy` (`bfloat16="float32"`, with a
-    warning) or refused (`bfloat16="error"`).
+    a dtype of `copied` anywhere (bfloat16; the decoder export adds float16, its files
+    being float32) is exported as its `float32_copy` (`bfloat16="float32"`, with a warning
+    naming the dtype) or refused (`bfloat16="error"`): the argument keeps its name and
+    covers every dtype of `copied`.
+
+    Raises:
+        ValueError: `bfloat16` is neither `"float32"` nor `"error"`.
+        ExportError: the model uses a dtype of `copied` and `bfloat16="error"`.
     """
     if bfloat16 not in BFLOAT16_CHOICES:
         raise ValueError(f"bfloat16 must be one of {BFLOAT16_CHOICES}, got {bfloat16!r}.")
     _model_inputs(model)
-    if "bfloat16" not in compute_dtypes(model):
+    used = [dtype for dtype in copied if dtype in compute_dtypes(model)]
+    if not used:
         return model, []
+    dtypes = " and ".join(used)
+    reasons = "; ".join(_REASONS[dtype] for dtype in used)
     if bfloat16 == "error":
         raise ExportError(
-            f"The model {model.name!r} uses bfloat16, which cannot be exported to ONNX "
-            "(tf2onnx writes a broken graph, tensorflow-onnx#2337; onnxruntime's CPU has no "
-            "bfloat16 MatMul). Export a float32 copy: pass bfloat16='float32', or call "
-            "keras_posenc.export.float32_copy(model) and export that."
+            f"The model {model.name!r} uses {dtypes}, which is not exported ({reasons}). "
+            "Export a float32 copy: pass bfloat16='float32' (the setting covers every "
+            "low-precision dtype), or call keras_posenc.export.float32_copy(model) and "
+            "export that."
         )
     note = (
-        f"The model {model.name!r} uses bfloat16; exported a float32 copy with the same "
-        "weights instead (bfloat16 does not export to ONNX, tensorflow-onnx#2337)."
+        f"The model {model.name!r} uses {dtypes}; exported a float32 copy with the same "
+        f"weights instead ({reasons})."
     )
     warnings.warn(note, stacklevel=3)
     return float32_copy(model), [note]

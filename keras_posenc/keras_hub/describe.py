@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp
+from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import rope as rope_tables
 from keras_posenc.keras_hub.common import array as _array
@@ -26,6 +27,7 @@ from keras_posenc.keras_hub.common import rms_norm as _norm
 from keras_posenc.keras_hub.gemma import gemma_block
 from keras_posenc.keras_hub.gemma4 import gemma4_block, gemma4_per_layer_inputs
 from keras_posenc.keras_hub.gpt_oss import gpt_oss_block
+from keras_posenc.keras_hub.settings import refuse_unread_backbone_settings
 from keras_posenc.keras_hub.smollm3 import smollm3_block
 
 # keras_hub's aliases of the classes of `FAMILIES` (the same class under another name).
@@ -176,14 +178,18 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             arithmetic as keras_hub, to measure what the exact tables change).
 
     Raises:
-        ExportError: another class, a dtype other than float32, or a setting the export
-            cannot write exactly (named).
+        ExportError: another class, a dtype other than float32, quantized layers, or a
+            setting the export cannot write exactly (named).
+        TypeError, ValueError: `max_length` is not an integer in `[2, 2^24]`.
     """
     if tables not in ("exact", "keras_hub"):
         raise ValueError(f"tables must be 'exact' or 'keras_hub', got {tables!r}.")
+    max_length = checked_max_length(max_length)
+    refuse_model_kind(causal_lm)
     read_block = FAMILIES[_family(causal_lm)]
     backbone = causal_lm.backbone
     owner = f"{type(causal_lm).__name__} {backbone.name!r}"
+    refuse_unread_backbone_settings(backbone, owner)
     policy = backbone.dtype_policy
     if (policy.compute_dtype, policy.variable_dtype) != ("float32", "float32"):
         raise ExportError(
@@ -191,7 +197,6 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             "the export is float32 and verified against keras_hub in float32: load it with "
             'dtype="float32" (e.g. `from_preset(..., dtype="float32")`).'
         )
-    max_length = int(max_length)
     read = [
         read_block(layer, max_length, f"{owner} layer {i}")
         for i, layer in enumerate(backbone.transformer_layers)

@@ -13,11 +13,22 @@ from __future__ import annotations
 import numpy as np
 
 
+def _tests_the_index(causal_lm) -> bool:
+    """Whether keras_hub's attention tests `cache_update_index`'s truth in Python: 0.32's
+    Qwen2 with its sliding window (`cache_update_index if cache_update_index else 0` in
+    `QwenAttention._compute_attention`), which a traced graph cannot do
+    (`OperatorNotAllowedInGraphError`); eager execution can, with the same arithmetic."""
+    return type(causal_lm).__name__ in ("QwenCausalLM", "Qwen2CausalLM") and bool(
+        getattr(causal_lm.backbone, "use_sliding_window_attention", False)
+    )
+
+
 def _cached_call(causal_lm, cache):
-    """`call_with_cache`, traced once for every batch, length and slot under TensorFlow."""
+    """`call_with_cache`, traced once for every batch, length and slot under TensorFlow
+    (eager where keras_hub's own code cannot be traced: `_tests_the_index`)."""
     import keras
 
-    if keras.config.backend() != "tensorflow":
+    if keras.config.backend() != "tensorflow" or _tests_the_index(causal_lm):
         return causal_lm.call_with_cache
     import tensorflow as tf
 

@@ -16,6 +16,8 @@ import numpy as np
 
 from keras_posenc import _tf
 from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
+from keras_posenc.export.decoder.settings import refuse_unread_block_settings
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import FrequencyTable
 from keras_posenc.rope_scaling import rope_parameters
@@ -381,10 +383,16 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
     Raises:
         ExportError: a layer that is not part of the convention, settings not exported
             (biases, gated or windowed attention, a length-switching RoPE scaling past its
-            switch), blocks that differ in head counts or RoPE (NoPE blocks aside), or no
-            RoPE block at all.
+            switch), blocks that differ in head counts or RoPE (NoPE blocks aside), no
+            RoPE block at all, quantized layers, or a block or attention setting the
+            description does not carry (`settings.py`: e.g. `attention_chunk_size`).
+        TypeError, ValueError: `max_length` is not an integer in `[2, 2^24]`.
     """
+    max_length = checked_max_length(max_length)
+    refuse_model_kind(model)
     (embedding,), blocks, (final_norm, head) = _parts(model)
+    for block in blocks:
+        refuse_unread_block_settings(block)
     # NoPE blocks (rope_dim=0) are written without rotation (`Attention.no_rope`); the
     # others share one RoPE, whose tables the decoder holds.
     rotary = [block for block in blocks if block.attention.rotary_embedding is not None]

@@ -8,6 +8,12 @@ from pathlib import Path
 
 from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
 from keras_posenc.export.decoder.description import describe_decoder
+from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
+from keras_posenc.export.decoder.failed_report import (
+    failed_report_path,  # noqa: F401 (save.failed_report_path, as before)
+    keep_failed_report,
+    remove_failed_report,
+)
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
@@ -26,12 +32,6 @@ def _onnx_runtime(path: Path, max_length: int):
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
-
-
-def failed_report_path(folder: str | os.PathLike) -> Path:
-    """Where `save_decoder` leaves the report of a failed verification (next to `folder`)."""
-    folder = Path(folder)
-    return folder.with_name(folder.name + ".verification-failed.json")
 
 
 def save_decoder(
@@ -72,7 +72,9 @@ def save_decoder(
     Args:
         model: the decode-step model.
         folder: the folder to write (whole or not at all).
-        max_length: cache slots and RoPE table rows of the export (prompt included).
+        max_length: cache slots and RoPE table rows of the export (prompt included): an
+            integer (numpy's too) from 2 to 2^24 (from 9 with `verify`: its 8-token prompt
+            and a step), checked before any work.
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
@@ -80,8 +82,9 @@ def save_decoder(
             default: its converter takes 60-80x the time of writing the ONNX graph
             (7.7 s and 34 s for 3.5M and 25M parameters, against 0.1 s and 0.6 s), and
             a plain flatbuffer holds at most 2 GB.
-        bfloat16: what to do with a bfloat16 model (the files are float32): `"float32"`
-            exports and verifies a float32 copy (with a warning), `"error"` refuses. A
+        bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
+            mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
+            verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
             keras_hub model is always refused unless float32: its reference is keras_hub's
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
@@ -93,15 +96,14 @@ def save_decoder(
         (`"onnxruntime"`, `"litert"`).
 
     Raises:
-        ExportError: a model or setting the export cannot write exactly.
+        ExportError: a model or setting the export cannot write exactly (named, before
+            any work: quantized layers, settings the description does not carry).
+        TypeError, ValueError: `max_length` is not an integer in its range.
         VerificationError: the file does not generate as Keras does; the report is
-            left at `failed_report_path(folder)` and nothing is written at `folder`.
+            left at `failed_report_path(folder)` (not over a file of the user's) and
+            nothing is written at `folder`.
     """
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
-    if not formats or any(kind not in FORMATS for kind in formats):
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    formats, max_length = _checked(attention, formats, max_length, verify)
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
     files = {}
     if "onnx" in formats:
@@ -127,11 +129,21 @@ def save_decoder(
             report["formats"] = list(formats)
             message = failure_message(report)
             if message is not None:
-                write_json(report, failed_report_path(folder))
+                message += keep_failed_report(report, folder)
                 raise VerificationError(message, report)
             write_json(report, staging / "verification.json")
-    failed_report_path(folder).unlink(missing_ok=True)
+    remove_failed_report(folder)
     return report
+
+
+def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
+    """`(formats, max_length)` checked, before any work."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    if not formats or any(kind not in FORMATS for kind in formats):
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    return formats, checked_max_length(max_length, verify)
 
 
 def _described(model, max_length: int, bfloat16: str):
@@ -140,10 +152,11 @@ def _described(model, max_length: int, bfloat16: str):
     cache slots the reference holds."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
+    refuse_model_kind(model)
     if bridge.is_keras_hub_causal_lm(model):
         decoder = bridge.describe_causal_lm(model, max_length)
         return model, decoder, bridge.keras_hub_greedy(model), max_length
-    model, _ = exportable_model(model, bfloat16)
+    model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
     return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
 
 

@@ -1,0 +1,48 @@
+"""`save_decoder`'s arguments, checked before any work: lengths, model kinds, quantization."""
+
+from __future__ import annotations
+
+from keras_posenc._checks import checked_int
+from keras_posenc.export.decoder.check import PROMPT
+from keras_posenc.export.errors import ExportError
+from keras_posenc.export.quantized import refuse_quantized
+from keras_posenc.frequencies import MAX_POSITIONS
+
+# The positions a table serves: [0, MAX_POSITIONS).
+LONGEST = MAX_POSITIONS
+
+
+def checked_max_length(max_length, verify: bool = False) -> int:
+    """`max_length` as an int in `[2, 2^24]` (`[PROMPT + 1, 2^24]` when verified).
+
+    Raises:
+        TypeError: not an integer (bools, strings and floats are not).
+        ValueError: outside that range.
+    """
+    if verify:
+        hint = (
+            f" The verification runs a prompt of {PROMPT} and at least one step "
+            "(pass verify=False to write a shorter file unverified)."
+        )
+        return checked_int(max_length, "max_length", PROMPT + 1, LONGEST, hint)
+    hint = " It is the cache slots and table rows (the prompt included)."
+    return checked_int(max_length, "max_length", 2, LONGEST, hint)
+
+
+def _is_keras_hub(model, base: str) -> bool:
+    return any(
+        cls.__name__ == base and cls.__module__.startswith("keras_hub.")
+        for cls in type(model).__mro__
+    )
+
+
+def refuse_model_kind(model) -> None:
+    """A keras_hub backbone (told to pass its CausalLM) or a quantized model, refused."""
+    if _is_keras_hub(model, "Backbone"):
+        family = type(model).__name__.removesuffix("Backbone") or "Llama"
+        raise ExportError(
+            f"{type(model).__name__} {model.name!r} is a keras_hub backbone: pass the CausalLM "
+            f"(e.g. keras_hub.models.{family}CausalLM(backbone=backbone, preprocessor=None), "
+            "or the one from_preset gives), whose generation the export is verified against."
+        )
+    refuse_quantized(model, "save_decoder")
