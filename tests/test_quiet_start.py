@@ -1,0 +1,46 @@
+"""A user's script that imports the package prints none of TensorFlow's start-up lines
+(the absl preamble, oneDNN and CPU-feature notices, "could not find cuda drivers", the
+cuInit error of a CUDA build without a GPU), and everything of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from keras_posenc_cli.quiet import is_noise
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+SCRIPT = """
+import os, sys
+import keras_posenc.export
+import keras
+keras.ops.convert_to_numpy(keras.ops.add(keras.ops.ones(2), 1.0))  # TensorFlow's devices start
+print("level", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+sys.stderr.write("the user's own line\\n")
+raise ValueError("the user's own error")
+"""
+
+
+def _run(**environment) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(PYTHONPATH=str(REPOSITORY), KERAS_BACKEND="tensorflow", **environment)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_script_importing_the_package_prints_no_tensorflow_start_up_lines():
+    result = _run()
+    noise = [line for line in result.stderr.splitlines() if is_noise(line)]
+    assert noise == [], result.stderr
+    assert "level 2" in result.stdout  # set before TensorFlow loaded, as it was unset
+    assert "the user's own line" in result.stderr
+    assert "ValueError: the user's own error" in result.stderr
+
+
+def test_a_log_level_the_user_set_is_theirs():
+    result = _run(TF_CPP_MIN_LOG_LEVEL="0")
+    assert "level 0" in result.stdout
+    assert "ValueError: the user's own error" in result.stderr
