@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from keras_posenc_cli.quiet import is_noise
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -23,16 +25,18 @@ raise ValueError("the user's own error")
 """
 
 
-def _run(**environment) -> subprocess.CompletedProcess:
+def _run(backend: str = "tensorflow", **environment) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env.update(PYTHONPATH=str(REPOSITORY), KERAS_BACKEND="tensorflow", **environment)
+    env.update(PYTHONPATH=str(REPOSITORY), KERAS_BACKEND=backend, **environment)
     return subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
 
 
-def test_a_script_importing_the_package_prints_no_tensorflow_start_up_lines():
-    result = _run()
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_script_importing_the_package_prints_no_tensorflow_start_up_lines(backend):
+    # On JAX, TensorFlow loads with the export path (`import keras_posenc.export`).
+    result = _run(backend)
     noise = [line for line in result.stderr.splitlines() if is_noise(line)]
     assert noise == [], result.stderr
     assert "level 2" in result.stdout  # set before TensorFlow loaded, as it was unset
