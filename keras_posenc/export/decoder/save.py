@@ -6,14 +6,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
+from keras_posenc.export.decoder.check import (
+    decoder_cases,
+    failure_message,
+    verify_decoder,
+    widest_window,
+)
 from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
+from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.errors import VerificationError
-from keras_posenc.export.files import whole_or_nothing, write_json
+from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
@@ -46,6 +52,7 @@ def save_decoder(
     bos_token_id: int = 0,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
+    verbose: int = 1,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
 
@@ -86,6 +93,8 @@ def save_decoder(
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        verbose: 1 says each phase on stderr (describing, writing, each verification
+            case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -102,7 +111,10 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    progress = Progress(check_verbose(verbose), folder)
+    progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = {}
     if "onnx" in formats:
         files["model.onnx"] = decoder_onnx(decoder, attention)
@@ -111,17 +123,21 @@ def save_decoder(
         )
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
+    replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
+            length, window = min(max_length, slots), widest_window(decoder)
+            count = len(decoder_cases(decoder.vocabulary, length, window=window))
+            reference_name = "Keras" if reference is None else "keras_hub"
+            if reference is None:
+                reference = _keras_reference(model)
+            said_reference, runtimes = progress.cases(
+                reference, _runtimes(staging, formats, max_length), count, reference_name
+            )
             report = verify_decoder(
-                model,
-                _runtimes(staging, formats, max_length),
-                min(max_length, slots),
-                decoder.vocabulary,
-                reference,
-                widest_window(decoder),
+                model, runtimes, length, decoder.vocabulary, said_reference, window
             )
             report["attention"] = attention
             report["formats"] = list(formats)
@@ -130,8 +146,24 @@ def save_decoder(
                 write_json(report, failed_report_path(folder))
                 raise VerificationError(message, report)
             write_json(report, staging / "verification.json")
+        if replacing:
+            progress.say("replacing the folder an earlier save_decoder wrote there")
     failed_report_path(folder).unlink(missing_ok=True)
+    progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
+
+
+def _file_names(formats: tuple[str, ...]) -> list[str]:
+    names = {"onnx": ["model.onnx", "genai_config.json"], "litert": ["model.tflite"]}
+    return [name for kind in formats for name in names[kind]]
+
+
+def _keras_reference(model):
+    """Keras's greedy generation through the step model (what `verify_decoder` runs by
+    default), as a function of the same form as the runtimes'."""
+    from keras_posenc.export.decoder.greedy import keras_greedy
+
+    return lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)
 
 
 def _described(model, max_length: int, bfloat16: str):
