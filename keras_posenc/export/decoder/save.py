@@ -83,10 +83,8 @@ def save_decoder(
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
-            `genai_config.json`) and `"litert"` (`model.tflite`). LiteRT is not in the
-            default: its converter takes 60-80x the time of writing the ONNX graph
-            (7.7 s and 34 s for 3.5M and 25M parameters, against 0.1 s and 0.6 s), and
-            a plain flatbuffer holds at most 2 GB.
+            `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
+            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB).
         bfloat16: what to do with a bfloat16 model (the files are float32): `"float32"`
             exports and verifies a float32 copy (with a warning), `"error"` refuses. A
             keras_hub model is always refused unless float32: its reference is keras_hub's
@@ -128,17 +126,8 @@ def save_decoder(
         _write(files, staging)
         report = {}
         if verify:
-            length, window = min(max_length, slots), widest_window(decoder)
-            count = len(decoder_cases(decoder.vocabulary, length, window=window))
-            reference_name = "Keras" if reference is None else "keras_hub"
-            if reference is None:
-                reference = _keras_reference(model)
-            said_reference, runtimes = progress.cases(
-                reference, _runtimes(staging, formats, max_length), count, reference_name
-            )
-            report = verify_decoder(
-                model, runtimes, length, decoder.vocabulary, said_reference, window
-            )
+            runtimes = _runtimes(staging, formats, max_length)
+            report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
             report["attention"] = attention
             report["formats"] = list(formats)
             message = failure_message(report)
@@ -158,12 +147,18 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
     return [name for kind in formats for name in names[kind]]
 
 
-def _keras_reference(model):
-    """Keras's greedy generation through the step model (what `verify_decoder` runs by
-    default), as a function of the same form as the runtimes'."""
+def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
+    """`verify_decoder`'s report, each case said through `progress`; `reference` None is
+    Keras's greedy generation through the step model."""
     from keras_posenc.export.decoder.greedy import keras_greedy
 
-    return lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)
+    window = widest_window(decoder)
+    count = len(decoder_cases(decoder.vocabulary, length, window=window))
+    name = "Keras" if reference is None else "keras_hub"
+    if reference is None:
+        reference = lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)  # noqa: E731
+    reference, runtimes = progress.cases(reference, runtimes, count, name)
+    return verify_decoder(model, runtimes, length, decoder.vocabulary, reference, window)
 
 
 def _described(model, max_length: int, bfloat16: str):
