@@ -48,3 +48,24 @@ def test_a_log_level_the_user_set_is_theirs():
     result = _run(TF_CPP_MIN_LOG_LEVEL="0")
     assert "level 0" in result.stdout
     assert "ValueError: the user's own error" in result.stderr
+
+
+def _stderr_of(script: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(PYTHONPATH=str(REPOSITORY), KERAS_BACKEND="tensorflow")
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def test_with_the_packages_logger_at_debug_everything_passes():
+    """As the job's `--debug`: TensorFlow's own lines are what the user asked to see."""
+    plain = _stderr_of("import tensorflow")
+    if not any(is_noise(line) for line in plain.splitlines()):
+        pytest.skip("this TensorFlow build prints no start-up lines to compare with")
+    debug = _stderr_of(
+        "import logging\nlogging.getLogger('keras_posenc').setLevel('DEBUG')\nimport keras_posenc\n"
+    )
+    assert any(is_noise(line) for line in debug.splitlines()), debug
