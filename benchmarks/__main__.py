@@ -2,7 +2,7 @@
 
 Example:
 
-    python -m benchmarks --docs           # the full run; also writes docs/benchmarks.md
+    python -m benchmarks --write-docs     # the full run; also writes docs/benchmarks.md
     python -m benchmarks --rounds 3 --layers rotary --modes xla eager
 """
 
@@ -26,10 +26,11 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import keras  # noqa: E402
+from benchmarks.choices import LAYERS, MODES  # noqa: E402
 
-from benchmarks import candidates, report, timing  # noqa: E402
-from keras_posenc._lazy import tf  # noqa: E402  (--backend jax / torch: no TensorFlow)
+# Loaded by `_load_modules` once the arguments are parsed: `--help` and argument errors are
+# answered without Keras and TensorFlow (seconds and hundreds of MB).
+keras = tf = candidates = report = timing = None
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -39,11 +40,17 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds (default 20)")
-    parser.add_argument("--layers", nargs="+", choices=candidates.LAYERS, default=candidates.LAYERS)
-    parser.add_argument("--modes", nargs="+", choices=candidates.MODES, default=candidates.MODES)
+    parser.add_argument("--layers", nargs="+", choices=LAYERS, default=LAYERS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
     parser.add_argument("--min-sample-ms", type=float, default=5.0, help="repeat faster calls")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for latest.json/.md")
-    parser.add_argument("--docs", action="store_true", help=f"also write {DOCS.relative_to(ROOT)}")
+    parser.add_argument(
+        "--write-docs",
+        "--docs",
+        dest="docs",
+        action="store_true",
+        help=f"also write {DOCS.relative_to(ROOT)} (tracked: only when asked)",
+    )
     parser.add_argument("--without-keras-hub", action="store_true")
     parser.add_argument("--note", default="", help="a sentence on the machine, for the docs")
     parser.add_argument("--check", action="store_true", help="exit 1 on a floor or precision miss")
@@ -105,8 +112,17 @@ def _load() -> str:
     return " ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
+def _load_modules() -> None:
+    global keras, tf, candidates, report, timing
+    import keras
+
+    from benchmarks import candidates, report, timing
+    from keras_posenc._lazy import tf  # --backend jax / torch: no TensorFlow
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _load_modules()
     if args.backend != keras.backend.backend():
         raise SystemExit(
             f"Keras runs on {keras.backend.backend()!r}: pass --backend on the command line "

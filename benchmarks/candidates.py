@@ -40,12 +40,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from benchmarks import reference, timing
+from benchmarks.choices import LAYERS, MODES  # noqa: F401  (light: --help loads only it)
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc._lazy import tf  # TensorFlow's modes only: --backend jax / torch need none
 from keras_posenc.frequencies import CACHED_POSITIONS
 
-LAYERS = ("sinusoidal", "rotary", "learned")
-MODES = ("eager", "function", "xla")
 MAX_WAVELENGTH = 10000.0
 TINY_SHAPE = (1, 16, 64)
 # float32 arithmetic on values of size about 1 rounds by a few 1e-8: 1e-6 catches any

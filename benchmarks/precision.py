@@ -1,7 +1,8 @@
 """`python -m benchmarks.precision`: max error against float64, ours and keras_hub's layers.
 
 Each layer encodes (or rotates) every position from 0 up to a large one, in chunks, and is
-compared with the formulas of `tests/reference.py`; the table goes to `docs/precision.md`.
+compared with the formulas of `tests/reference.py`; the table is printed, and written to
+`docs/precision.md` (tracked) only with `--write-docs`, or to `--out PATH`.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def table(hub) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.precision", description=__doc__)
-    parser.add_argument("--out", type=Path, default=DOCS, help=f"default {DOCS}")
+    parser.add_argument("--out", type=Path, default=None, help="also write the page here")
+    parser.add_argument(
+        "--write-docs", action="store_true", help=f"also write {DOCS} (tracked: only when asked)"
+    )
     parser.add_argument("--without-keras-hub", action="store_true")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -110,8 +114,11 @@ def main(argv: list[str] | None = None) -> None:
             *rows,
         ]
     )
-    write_whole(args.out, text + "\n")
     print(text)
+    targets = ([args.out] if args.out is not None else []) + ([DOCS] if args.write_docs else [])
+    for path in targets:
+        write_whole(path, text + "\n")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ computed in float64 on the host and rounded once, so values are exact at any pos
 The layers run on the TensorFlow, JAX and PyTorch backends; the exports need TensorFlow.
 """
 
+from keras_posenc_cli.quiet import keras_backend_configured, quiet_tensorflow_start
+
 BACKENDS = ("tensorflow", "jax", "torch")
 _BACKEND_HINT = (
     "Set the environment variable KERAS_BACKEND=tensorflow (or jax, or torch) before Python "
@@ -12,7 +14,8 @@ _BACKEND_HINT = (
 )
 
 try:
-    import keras
+    with quiet_tensorflow_start(keras_backend_configured() == "tensorflow"):
+        import keras
 except ImportError as error:
     # Keras imports its backend on import: on another backend whose dependencies are
     # missing (numpy needs scipy, jax needs jax) it fails before the check below can run.

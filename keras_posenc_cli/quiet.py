@@ -1,4 +1,5 @@
-"""TensorFlow's native log lines left out of stderr: for the job, and for the package's converters.
+"""TensorFlow's native log lines left out of stderr: for the job, the package's converters,
+and a user's script while it imports the package (`quiet_tensorflow_start`).
 
 TensorFlow's C++ code writes to the process's stderr directly, where Python's `logging` and
 `warnings` cannot filter it; so the file descriptor is redirected for the length of a
@@ -9,6 +10,8 @@ job can use it around TensorFlow's own start-up.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import re
 import sys
@@ -61,3 +64,56 @@ def filtered_stderr() -> Iterator[None]:
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
+
+
+# Whether the user set TF_CPP_MIN_LOG_LEVEL: read when this module is first imported, which
+# the package does before it imports Keras (JAX sets it to 1 on its import).
+_USER_SET_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+
+
+def keras_backend_configured() -> str:
+    """The backend Keras will load, read as Keras reads it (`KERAS_BACKEND`, else
+    `$KERAS_HOME/keras.json` or `~/.keras/keras.json`, else TensorFlow), without importing it."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as file:
+            return str(json.load(file).get("backend", "tensorflow"))
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
+@contextlib.contextmanager
+def quiet_tensorflow_start(loads_tensorflow: bool = True) -> Iterator[None]:
+    """TensorFlow's start-up lines left out of stderr while the block (an import) runs.
+
+    For a user's script that imports the package: unless the user set TF_CPP_MIN_LOG_LEVEL
+    (their choice of TensorFlow's output, kept as it is) or TensorFlow is loaded already
+    (its lines are out, and the user may have chosen its logging), it is set to 2 before TensorFlow
+    loads (its INFO and WARNING lines), and stderr goes through `is_noise` while the block
+    runs (the lines TensorFlow writes before its log level is read); TensorFlow's devices
+    are listed inside it, so that a CUDA build's cuInit error on a machine without a GPU
+    comes (and is left out) now rather than at the first op. Everything else written to
+    stderr meanwhile is passed on when the block ends; nothing outside the block is
+    filtered. TensorFlow-free: it does not import TensorFlow itself.
+
+    Args:
+        loads_tensorflow: whether the block may load TensorFlow (False: nothing is done).
+    """
+    # Without TensorFlow loading, nothing: JAX's XLA reads the same level. With the package's
+    # logger at DEBUG (the job's --debug) everything passes, as in the converters' output.
+    debug = logging.getLogger("keras_posenc").isEnabledFor(logging.DEBUG)
+    if not loads_tensorflow or _USER_SET_LEVEL or debug or "tensorflow" in sys.modules:
+        yield
+        return
+    try:
+        os.fstat(2)
+    except OSError:  # no stderr to filter (a windowed process)
+        yield
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    with filtered_stderr():
+        yield
+        if "tensorflow" in sys.modules:
+            sys.modules["tensorflow"].config.list_physical_devices()

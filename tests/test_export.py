@@ -424,14 +424,6 @@ def tiny_model():
     return keras.Model(inputs, SinusoidalPositionalEncoding()(inputs))
 
 
-def test_missing_folder(tiny_model, tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        kpe.save_onnx(tiny_model, tmp_path / "missing" / "model.onnx")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        kpe.save_saved_model(tiny_model, tmp_path / "missing" / "saved_model")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_missing_artifacts_to_verify(sinusoidal_encoder, tmp_path):
     model, saved_model, onnx_path = sinusoidal_encoder
     with pytest.raises(FileNotFoundError, match="No SavedModel"):

@@ -36,6 +36,11 @@ print(report["summary"]["litert"]["max_abs_error"])
 ```
 """
 
+from keras_posenc_cli.quiet import quiet_tensorflow_start
+
+with quiet_tensorflow_start():  # TensorFlow loads here where Keras runs on JAX or PyTorch
+    from keras_posenc.export import signature  # noqa: F401  (the serving tf.function)
+
 from keras_posenc.export.decoder import save_decoder
 from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import (

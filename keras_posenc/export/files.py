@@ -233,21 +233,47 @@ def check_file_target(path: str | os.PathLike, suffix: str) -> None:
         )
 
 
-def _check_parent(target: Path) -> None:
+def _make_parent(target: Path) -> list[Path]:
+    """Creates the missing folders above `target`; returns them, the outermost first.
+
+    A file on the way is refused before anything is created.
+    """
+    missing = []
     parent = target.parent
-    if parent.exists() and not parent.is_dir():
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    if not parent.is_dir():
         raise NotADirectoryError(
             errno.ENOTDIR,
             f"{str(parent)!r} is a file, not a folder to write {target.name!r} into",
             str(parent),
         )
-    if not parent.is_dir():
-        raise FileNotFoundError(
-            errno.ENOENT,
-            f"The folder {str(parent)!r} to write {target.name!r} into does not exist; "
-            "create it first",
-            str(parent),
-        )
+    missing.reverse()
+    try:
+        for folder in missing:
+            folder.mkdir()
+    except FileExistsError:  # another writer created it meanwhile: theirs to keep
+        pass
+    except OSError as error:
+        _remove_empty(missing)
+        raise OSError(
+            error.errno,
+            f"Cannot create the folder {str(target.parent)!r} ({error.strerror}); choose a "
+            "folder you can write to",
+            str(target.parent),
+        ) from error
+    return missing
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Removes the folders `_make_parent` created, the innermost first, while still empty
+    (a failure report written into one keeps it and those above it)."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _check_replaceable(target: Path, kind, replace_if) -> None:
@@ -292,7 +318,8 @@ def whole_or_nothing(
     existing file at `target` is replaced; an existing folder only when it is empty, or
     holds only the files the package wrote there and `replace_if(folder)` holds (when
     given). A folder written here gets a manifest of its files. See the module docstring
-    for what happens when a process is killed, and for concurrent writers.
+    for what happens when a process is killed, and for concurrent writers. Missing folders
+    above `target` are created; a write that fails removes those of them still empty.
 
     Example:
 
@@ -309,6 +336,7 @@ def whole_or_nothing(
 
     Raises:
         ValueError: `target` names no file or folder (`""`, `"."`, `"/"`, `".."`).
+        NotADirectoryError: a file lies on the way to `target`.
         ExportError: another process is writing `target`.
         FileExistsError: `target` is a folder that may not be replaced (or a file, for
             `kind="folder"`).
@@ -321,46 +349,55 @@ def whole_or_nothing(
             f"{str(target)!r} names no file or folder to write: give a path such as "
             "'out/model.onnx' or 'out/model'."
         )
-    _check_parent(target)
-    with _exclusive(target):
-        recover(target)
-        _check_replaceable(target, kind, replace_if)
-        try:
-            staging = Path(
-                tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            )
-        except OSError as error:
-            raise OSError(
-                error.errno,
-                f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
-                "folder you can write to",
-                str(target.parent),
-            ) from error
-        try:
-            written = staging / target.name
-            yield written
-            if not os.path.lexists(written):
-                raise ExportError(f"Nothing was written for {str(target)!r}.")
-            if written.is_dir():
-                _write_manifest(written)
-            _sync_tree(written)  # the content on disk before the rename makes it visible
-            if target.is_dir():
-                aside = staging / _REPLACED
-                os.replace(target, aside)
-                try:
-                    os.replace(written, target)
-                except OSError:
-                    os.replace(aside, target)
-                    raise
-            else:
-                os.replace(written, target)
-            _sync_folder(target.parent)  # the rename itself
-        finally:
-            # Interrupted between the two renames (KeyboardInterrupt): the old one goes back.
+    created = _make_parent(target)
+    try:
+        with _exclusive(target):
+            yield from _write_in_staging(target, replace_if, kind)
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def _write_in_staging(target: Path, replace_if, kind) -> Iterator[Path]:
+    """`whole_or_nothing`'s work under the lock: one `yield` of the path to write."""
+    recover(target)
+    _check_replaceable(target, kind, replace_if)
+    try:
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        )
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
+            "folder you can write to",
+            str(target.parent),
+        ) from error
+    try:
+        written = staging / target.name
+        yield written
+        if not os.path.lexists(written):
+            raise ExportError(f"Nothing was written for {str(target)!r}.")
+        if written.is_dir():
+            _write_manifest(written)
+        _sync_tree(written)  # the content on disk before the rename makes it visible
+        if target.is_dir():
             aside = staging / _REPLACED
-            if aside.exists() and not os.path.lexists(target):
+            os.replace(target, aside)
+            try:
+                os.replace(written, target)
+            except OSError:
                 os.replace(aside, target)
-            shutil.rmtree(staging, ignore_errors=True)
+                raise
+        else:
+            os.replace(written, target)
+        _sync_folder(target.parent)  # the rename itself
+    finally:
+        # Interrupted between the two renames (KeyboardInterrupt): the old one goes back.
+        aside = staging / _REPLACED
+        if aside.exists() and not os.path.lexists(target):
+            os.replace(aside, target)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def is_saved_model(folder: Path) -> bool:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
+from keras_posenc.export.decoder.check import (
+    decoder_cases,
+    failure_message,
+    verify_decoder,
+    widest_window,
+)
 from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.failed_report import (
@@ -18,8 +23,9 @@ from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
+from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.errors import VerificationError
-from keras_posenc.export.files import whole_or_nothing, write_json
+from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
@@ -46,6 +52,7 @@ def save_decoder(
     bos_token_id: int = 0,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
+    verbose: int = 1,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
 
@@ -78,10 +85,8 @@ def save_decoder(
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
-            `genai_config.json`) and `"litert"` (`model.tflite`). LiteRT is not in the
-            default: its converter takes 60-80x the time of writing the ONNX graph
-            (7.7 s and 34 s for 3.5M and 25M parameters, against 0.1 s and 0.6 s), and
-            a plain flatbuffer holds at most 2 GB.
+            `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
+            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB).
         bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
             mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
             verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
@@ -89,6 +94,8 @@ def save_decoder(
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        verbose: 1 says each phase on stderr (describing, writing, each verification
+            case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -104,7 +111,10 @@ def save_decoder(
             nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
+    progress = Progress(check_verbose(verbose), folder)
+    progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = {}
     if "onnx" in formats:
         files["model.onnx"] = decoder_onnx(decoder, attention)
@@ -113,18 +123,13 @@ def save_decoder(
         )
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
+    replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
-            report = verify_decoder(
-                model,
-                _runtimes(staging, formats, max_length),
-                min(max_length, slots),
-                decoder.vocabulary,
-                reference,
-                widest_window(decoder),
-            )
+            runtimes = _runtimes(staging, formats, max_length)
+            report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
             report["attention"] = attention
             report["formats"] = list(formats)
             message = failure_message(report)
@@ -132,7 +137,10 @@ def save_decoder(
                 message += keep_failed_report(report, folder)
                 raise VerificationError(message, report)
             write_json(report, staging / "verification.json")
+        if replacing:
+            progress.say("replacing the folder an earlier save_decoder wrote there")
     remove_failed_report(folder)
+    progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
 
 
@@ -144,6 +152,25 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
     return formats, checked_max_length(max_length, verify)
+
+
+def _file_names(formats: tuple[str, ...]) -> list[str]:
+    names = {"onnx": ["model.onnx", "genai_config.json"], "litert": ["model.tflite"]}
+    return [name for kind in formats for name in names[kind]]
+
+
+def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
+    """`verify_decoder`'s report, each case said through `progress`; `reference` None is
+    Keras's greedy generation through the step model."""
+    from keras_posenc.export.decoder.greedy import keras_greedy
+
+    window = widest_window(decoder)
+    count = len(decoder_cases(decoder.vocabulary, length, window=window))
+    name = "Keras" if reference is None else "keras_hub"
+    if reference is None:
+        reference = lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)  # noqa: E731
+    reference, runtimes = progress.cases(reference, runtimes, count, name)
+    return verify_decoder(model, runtimes, length, decoder.vocabulary, reference, window)
 
 
 def _described(model, max_length: int, bfloat16: str):
