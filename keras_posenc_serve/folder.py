@@ -135,7 +135,7 @@ class DecoderFolder:
             ids = np.where(attention == 1, prompts, 0).astype(np.int64)
         else:
             if mask is not None:
-                raise ValueError("mask goes with an array of prompts (a list of lists is padded here).")
+                raise ValueError("mask goes with an array of prompts, not with a list of lists.")
             rows = [list(self._ids("prompts", row)) for row in prompts]
             if not rows or not all(rows):
                 raise ValueError("prompts must hold at least one row, each of at least one token.")

@@ -182,9 +182,7 @@ def test_draws_follow_the_probabilities():
     expected = keras_posenc_serve.probabilities(logits, 1.0, None, 1.0)[0]
     rng = np.random.default_rng(0)
     n = 20000
-    draws = np.array(
-        [keras_posenc_serve.next_tokens(logits, [rng], 1.0)[0] for _ in range(n)]
-    )
+    draws = np.array([keras_posenc_serve.next_tokens(logits, [rng], 1.0)[0] for _ in range(n)])
     counts = np.bincount(draws, minlength=4) / n
     assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - expected) / n))
 
