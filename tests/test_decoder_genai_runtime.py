@@ -72,7 +72,8 @@ def test_a_folder_og_refuses_is_not_kept(tmp_path, model, monkeypatch):
         }
 
     monkeypatch.setattr(save, "genai_config", out_of_range)
-    with pytest.raises(ExportError, match=r"onnxruntime-genai cannot run the exported folder \(eos_token_id \(40\)"):
+    refused = r"onnxruntime-genai cannot run the exported folder \(eos_token_id \(40\)"
+    with pytest.raises(ExportError, match=refused):
         save_decoder(model, tmp_path / "out", max_length=16)
     assert not (tmp_path / "out").exists()
 
