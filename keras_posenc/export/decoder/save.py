@@ -15,6 +15,7 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
+from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
 from keras_posenc.export.precision import exportable_model
@@ -154,6 +155,7 @@ def _files(model, decoder, attention: str, formats: tuple[str, ...], token_ids: 
         ids = special_ids(model, decoder.vocabulary, *token_ids)
         files["model.onnx"] = decoder_onnx(decoder, attention)
         files["genai_config.json"] = genai_config(decoder, **ids)
+        files.update(tokenizer_files(model))
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
     return files
