@@ -9,6 +9,7 @@ running it must not import Keras or TensorFlow.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -214,3 +215,29 @@ def test_serving_imports_neither_keras_nor_tensorflow(exported):
     )
     assert run.returncode == 0, run.stderr
     assert "import" in run.stdout
+
+
+def _doc_blocks() -> list[str]:
+    """The python blocks of docs/decoding.md's section on serving without TensorFlow."""
+    text = (ROOT / "docs" / "decoding.md").read_text()
+    section = text.split("## Serving a folder without TensorFlow")[1].split("\n## ")[0]
+    return [block.split("```")[0] for block in section.split("```python\n")[1:]]
+
+
+def test_the_docs_serving_snippets_run(tmp_path):
+    """The export block (with Keras), then the serving block in a fresh process whose
+    environment has only the checkout on its path."""
+    export, serve = _doc_blocks()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    with_keras = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for block, environment in ((export, with_keras), (serve, env)):
+        run = subprocess.run(
+            [sys.executable, "-c", block],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "(2, 20)"
