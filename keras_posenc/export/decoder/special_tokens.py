@@ -93,7 +93,7 @@ def special_ids(model, vocabulary: int, bos_token_id, eos_token_id, pad_token_id
             "(onnxruntime-genai needs one inside the vocabulary, and uses the pad id where "
             "none is written), so og.Generator stops wherever the model picks it. Pass "
             "eos_token_id=... to choose the end token.",
-            stacklevel=3,
+            stacklevel=4,  # the caller of save_decoder
         )
         ids["eos_token_id"] = ids["pad_token_id"]
     return {name: _plain(value) for name, value in ids.items()}

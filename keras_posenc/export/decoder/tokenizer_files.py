@@ -92,7 +92,7 @@ def tokenizer_files(model) -> dict:
             "byte-level BPE tokenizer, the kind written so far (onnxruntime-genai reads a "
             "tokenizer.json only; a SentencePiece model is not converted). Feed og.Generator "
             "token ids from keras_hub's tokenizer.",
-            stacklevel=3,
+            stacklevel=4,  # the caller of save_decoder
         )
         return {}
     return {
