@@ -5,8 +5,10 @@ every emitter reads), `graph` (an `onnx.helper` graph builder), `gqa` (attention
 onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attention`),
 `moe` (a mixture of experts: dense ONNX ops, or one `com.microsoft.MoE`), `onnx_decoder`
 (the genai-interface graph), `litert_decoder` (the LiteRT file with `prefill` and `decode`
-signatures), `genai_config`, `greedy` (greedy generation in Keras and onnxruntime), `check`
-(the verification) and `save` (`save_decoder`).
+signatures), `genai_config`, `special_tokens` (its end, start and pad ids), `tokenizer_files`
+(a keras_hub tokenizer as onnxruntime-genai's files), `greedy` (greedy generation in Keras;
+the onnxruntime runner lives in the keras-free `keras_posenc_serve`), `genai_runtime` (the
+folder in onnxruntime-genai), `check` (the verification) and `save` (`save_decoder`).
 """
 
 from keras_posenc.export.decoder.check import compare_greedy, decoder_cases, verify_decoder

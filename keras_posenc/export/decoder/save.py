@@ -3,6 +3,7 @@ verified before it is kept."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -20,10 +21,13 @@ from keras_posenc.export.decoder.failed_report import (
     remove_failed_report,
 )
 from keras_posenc.export.decoder.genai_config import genai_config
+from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
+from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
+from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
@@ -49,9 +53,9 @@ def save_decoder(
     formats: tuple[str, ...] = DEFAULT_FORMATS,
     bfloat16: str = "float32",
     verify: bool = True,
-    bos_token_id: int = 0,
+    bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
-    pad_token_id: int = 0,
+    pad_token_id: int | None = None,
     verbose: int = 1,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
@@ -93,14 +97,17 @@ def save_decoder(
             keras_hub model is always refused unless float32: its reference is keras_hub's
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
-        bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`, inside the
+            vocabulary; None: a keras_hub tokenizer's, else 0 (eos: the pad id, with a
+            warning; `special_tokens.py`).
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
         `folder/verification.json`; each case has one result per runtime
-        (`"onnxruntime"`, `"litert"`).
+        (`"onnxruntime"`, `"litert"`, and `"onnxruntime-genai"` where it is installed:
+        `genai_runtime.py`).
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
@@ -111,18 +118,12 @@ def save_decoder(
             nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
+    check_id_types(bos_token_id, eos_token_id, pad_token_id)
     progress = Progress(check_verbose(verbose), folder)
     progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = {}
-    if "onnx" in formats:
-        files["model.onnx"] = decoder_onnx(decoder, attention)
-        files["genai_config.json"] = genai_config(
-            decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
-        )
-    if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
+    files = _files(model, decoder, attention, formats, (bos_token_id, eos_token_id, pad_token_id))
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
@@ -187,6 +188,19 @@ def _described(model, max_length: int, bfloat16: str):
     return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
 
 
+def _files(model, decoder, attention: str, formats: tuple[str, ...], token_ids: tuple) -> dict:
+    """The files to write, by name (the special ids checked against the vocabulary first)."""
+    files = {}
+    if "onnx" in formats:
+        ids = special_ids(model, decoder.vocabulary, *token_ids)
+        files["model.onnx"] = decoder_onnx(decoder, attention)
+        files["genai_config.json"] = genai_config(decoder, **ids)
+        files.update(tokenizer_files(model))
+    if "litert" in formats:
+        files["model.tflite"] = decoder_litert(decoder)
+    return files
+
+
 def _write(files: dict, staging: Path) -> None:
     import onnx
 
@@ -205,6 +219,9 @@ def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
     runtimes = {}
     if "onnx" in formats:
         runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
+        if importlib.util.find_spec("onnxruntime_genai") is not None:
+            model = genai_model(staging)  # refused here: a folder og cannot load
+            runtimes["onnxruntime-genai"] = genai_greedy(model, max_length)
     if "litert" in formats:
         path = staging / "model.tflite"
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
