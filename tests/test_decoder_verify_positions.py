@@ -114,6 +114,6 @@ def test_the_right_file_covers_every_position(tmp_path):
 
 
 def test_the_full_case_is_one_prompt_of_max_length():
-    full = check.decoder_cases(VOCABULARY, MAX_LENGTH)[-1]
+    full = check.teacher_forced_case(VOCABULARY, MAX_LENGTH)
     assert full["prompts"].shape == (1, MAX_LENGTH) and full["steps"] == 0
     assert full["mask"].all() and np.isin(full["prompts"], np.arange(1, VOCABULARY)).all()

@@ -122,6 +122,8 @@ def save_decoder(
                 decoder.vocabulary,
                 reference,
                 widest_window(decoder),
+                decoder=decoder,
+                reference_name="Keras" if reference is None else "keras_hub",
             )
             report["attention"] = attention
             report["formats"] = list(formats)
