@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 ATOL, RTOL = 1e-5, 1e-4
+TIE = 2  # a tie: a margin a flip can cross, each of the two logits moving by a tolerance
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
 # The long case: batch 2 (one row padded by 3), LONG_STEPS single tokens after a prompt
@@ -145,8 +146,9 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
     Logits are compared up to the first step whose tokens differ (later ones follow other
     tokens). Step 0 is the prompt (its real tokens only); step `s` the `s`-th single token.
     A prompt row whose argmax differs from the reference's by more than a tie (its margin
-    over twice its tolerance) fails too. `released` `(batch,)`: the position from which
-    each row is not compared (default: none).
+    over `TIE` times its tolerance) fails too; within it, it is listed in `"ties"`.
+    `released` `(batch,)`: the position from which each row is not compared (default:
+    none).
     """
     keras_tokens, keras_logits = expected
     tokens, logits = got
@@ -159,18 +161,28 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
     last = int(differ[:, 1].min()) if len(differ) else steps
     worst = {"excess": -np.inf, "step": 0, "row": 0, "position": 0}
     max_abs = max_rel = 0.0
-    argmax = None
+    argmax, ties = None, []
     for step in range(last + 1):
         if step == 0:
             rows = np.nonzero(selected[0])
             want, have, where = keras_logits[0][rows], logits[0][rows], at[0][rows]
             row_of = rows[0]
-            wrong = np.argmax(want, -1) != np.argmax(have, -1)
-            clear = wrong & (margin(want) > 2 * bound(want)[..., 0])
+            # Every prompt row's argmax, but the last column's: that is step 0's token.
+            wrong = (np.argmax(want, -1) != np.argmax(have, -1)) & (rows[1] < mask.shape[1] - 1)
+            gaps, allowed = margin(want), TIE * bound(want)[..., 0]
+            clear = wrong & (gaps > allowed)
             if clear.any():
                 i = int(np.argmax(clear))
                 argmax = {"row": int(row_of[i]), "position": int(where[i])}
-                argmax["margin"] = float(margin(want)[i])
+                argmax["margin"] = float(gaps[i])
+            for i in np.nonzero(wrong & ~clear)[0]:
+                tie = {
+                    "kind": "argmax",
+                    "step": 0,
+                    "row": int(row_of[i]),
+                    "position": int(where[i]),
+                }
+                ties.append({**tie, "margin": float(gaps[i]), "bound": float(allowed[i])})
         else:
             (row_of,) = np.nonzero(selected[step])
             want, have, where = keras_logits[step][row_of], logits[step][row_of], at[step][row_of]
@@ -190,6 +202,7 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
         "worst_row": worst["row"],
         "worst_position": worst["position"],
         "within_tolerance": worst["excess"] <= 0,
+        "ties": ties,
     }
     if len(differ):
         step, row = int(differ[:, 1].min()), int(differ[differ[:, 1].argmin(), 0])
@@ -257,7 +270,7 @@ def _judged(case: dict, expected, run, exact, released) -> dict:
     prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
     got, ties = judge.follow(run, expected, prompts, mask, steps, released)
     result = compare_greedy(expected, got, mask, released)
-    result["ties"] = ties
+    result["ties"] = sorted(ties + result["ties"], key=lambda t: (t["step"], t["position"]))
     plain_logits = result["same_tokens"] and "first_different_argmax" not in result
     if not result["passed"] and plain_logits and exact is not None:
         result["float64"] = judge.against_float64(expected, got, exact()[0], mask, steps, released)

@@ -28,9 +28,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc.export.decoder.check import ATOL, RTOL, bound, compared, margin, positions
+from keras_posenc.export.decoder.check import (
+    ATOL,
+    RTOL,
+    TIE,
+    bound,
+    compared,
+    margin,
+    positions,
+)
 
-TIE = 2  # a flip needs the two logits to move apart, each by up to one tolerance
 REFERENCE_SLACK = 10  # tolerances a float32 reference may be from the float64 decode
 
 
