@@ -137,4 +137,3 @@ def test_a_wrong_router_still_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(save_module, "decoder_onnx", wrong)
     with pytest.raises(VerificationError, match="keras_hub"):
         save_decoder(tiny_gpt_oss(), tmp_path / "out", max_length=MAX_LENGTH)
-
