@@ -66,9 +66,8 @@ def run(sizes=("tiny", "512x8")) -> list[dict]:
                     continue
                 parts = ("keras", "onnxruntime", "compare", "float64")
                 row = {"size": name, "case": case["name"]}
-                row.update(
-                    {p: round(b - a, 3) for p, a, b in zip(parts, times, times[1:], strict=True)}
-                )
+                intervals = zip(parts, times[:-1], times[1:], strict=True)
+                row.update({p: round(b - a, 3) for p, a, b in intervals})
                 rows.append(row)
                 print(row, flush=True)
     return rows
