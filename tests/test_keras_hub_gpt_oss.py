@@ -75,6 +75,7 @@ def test_export_generates_as_keras_hub(tmp_path, attention, formats):
         "batch 1",
         "batch 4 left-padded",
         "batch 2 past the window of 9 (one row left-padded)",
+        f"teacher-forced, positions 0..{MAX_LENGTH - 1} (batch 1, one call)",
     ]
     assert [case["steps"] for case in report["cases"]][:2] == [64, 64]
     runtimes = ["litert", "onnxruntime"] if "litert" in formats else ["onnxruntime"]

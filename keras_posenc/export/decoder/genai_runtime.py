@@ -69,6 +69,10 @@ def _row(model, prompt: list[int], steps: int, context: int):
                 tokens.append(int(np.argmax(step_logits[-1])))
                 sequence.append(tokens[-1])
                 continue
+        if not step and len(sequence) >= max_length:  # a prompt that fills the cache
+            tokens.append(int(np.argmax(prompt_logits[-1])))  # (og picks none there)
+            sequence.append(tokens[-1])
+            continue
         generator.generate_next_token()
         if step:
             step_logits.append(generator.get_output("logits")[0, -1])
@@ -95,7 +99,8 @@ def genai_greedy(model, context: int):
                 step_logits = np.zeros((steps, batch, vocabulary), np.float32)
             tokens[row] = row_tokens
             prompt_logits[row, width - len(real) :] = row_prompt
-            step_logits[:, row] = np.asarray(row_steps).reshape(steps, -1)
+            if steps:
+                step_logits[:, row] = np.asarray(row_steps).reshape(steps, -1)
         return tokens, [prompt_logits, *step_logits]
 
     return greedy

@@ -166,12 +166,21 @@ def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Pr
     from keras_posenc.export.decoder.greedy import keras_greedy
 
     window = widest_window(decoder)
-    count = len(decoder_cases(decoder.vocabulary, length, window=window))
+    count = len(decoder_cases(decoder.vocabulary, length, window=window)) + 1  # teacher-forced
     name = "Keras" if reference is None else "keras_hub"
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)  # noqa: E731
     reference, runtimes = progress.cases(reference, runtimes, count, name)
-    return verify_decoder(model, runtimes, length, decoder.vocabulary, reference, window)
+    return verify_decoder(
+        model,
+        runtimes,
+        length,
+        decoder.vocabulary,
+        reference,
+        window,
+        decoder=decoder,
+        reference_name=name,
+    )
 
 
 def _described(model, max_length: int, bfloat16: str):
