@@ -9,6 +9,7 @@ weights.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ MAX_LENGTH = tiny_decoder.MAX_LENGTH  # the step model's cache: the verification
 LLAMA_MAX_LENGTH = 80
 
 
+@functools.cache  # one model a process: building one on JAX takes seconds
 def step_model(seed: int = 0):
     """`tiny_decoder`'s decode-step model, kernels N(0, 1/fan_in), norm scales near 1."""
     _, step = tiny_decoder.build()
@@ -38,6 +40,7 @@ def step_model(seed: int = 0):
     return step
 
 
+@functools.cache
 def llama(seed: int = 0):
     """A tiny keras_hub Llama CausalLM (2 layers, width 64, grouped-query heads)."""
     from keras_hub_models import tiny_causal_lm
@@ -48,3 +51,9 @@ def llama(seed: int = 0):
 # name -> (builder, max_length)
 MODELS = {"step": (step_model, MAX_LENGTH), "llama": (llama, LLAMA_MAX_LENGTH)}
 ATTENTIONS = ("gqa", "standard")
+# What each backend exports: each model and each attention once per backend, and each
+# (model, attention) on one of them (each export runs a verification: seconds).
+EXPORTS = {
+    "jax": (("step", "gqa"), ("llama", "standard")),
+    "torch": (("step", "standard"), ("llama", "gqa")),
+}

@@ -1,11 +1,13 @@
 """`save_decoder` under KERAS_BACKEND=jax or torch, without importing TensorFlow.
 
 `python tests/backends/save_decoder_run.py OUT` (started by tests/test_backends_export.py)
-exports each model of `export_models.MODELS` with each attention into `OUT/<model>_<attention>`
-(verified against Keras on this backend: `save_decoder` raises otherwise), then calls
-each entry that needs TensorFlow and checks that it refuses by name, writing nothing.
-Then `tensorflow` must not be in `sys.modules`. Prints one JSON line: what ran and each
-refusal's message.
+exports the step model of `export_models` into `OUT/step_<attention>` (verified against
+Keras on this backend: `save_decoder` raises otherwise), then calls each entry that needs
+TensorFlow and checks that it refuses by name, writing nothing; `tensorflow` must then not
+be in `sys.modules`. Then the keras_hub Llama, into `OUT/llama_<attention>` (keras_hub
+imports TensorFlow itself where it is installed, so that part is not watched). The
+attentions are `export_models.EXPORTS[backend]`. Prints one JSON line: the reports and
+each refusal's message.
 """
 
 from __future__ import annotations
@@ -51,16 +53,18 @@ def _refusals(out: Path) -> dict:
     return messages
 
 
+def _export(name: str, attention: str, out: Path) -> dict:
+    build, max_length = export_models.MODELS[name]
+    folder = out / f"{name}_{attention}"
+    return kpe.save_decoder(build(), folder, max_length=max_length, attention=attention)
+
+
 def main(out: Path) -> None:
-    reports = {}
-    for name, (build, max_length) in export_models.MODELS.items():
-        model = build()
-        for attention in export_models.ATTENTIONS:
-            folder = out / f"{name}_{attention}"
-            report = kpe.save_decoder(model, folder, max_length=max_length, attention=attention)
-            reports[folder.name] = report
+    exports = export_models.EXPORTS[keras.backend.backend()]
+    reports = {f"{n}_{a}": _export(n, a, out) for n, a in exports if n == "step"}
     refusals = _refusals(out)
     assert "tensorflow" not in sys.modules, f"TensorFlow was imported:\n{first_import.stack}"
+    reports.update({f"{n}_{a}": _export(n, a, out) for n, a in exports if n != "step"})
     summary = {
         "backend": keras.backend.backend(),
         "reports": reports,

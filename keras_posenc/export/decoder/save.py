@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import keras
+
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
 from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
-from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
@@ -102,6 +104,8 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    if "litert" in formats:
+        requires_tensorflow("save_decoder(formats=litert)")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
     files = {}
     if "onnx" in formats:
@@ -110,6 +114,8 @@ def save_decoder(
             decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
         )
     if "litert" in formats:
+        from keras_posenc.export.decoder.litert_decoder import decoder_litert
+
         files["model.tflite"] = decoder_litert(decoder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
@@ -124,6 +130,7 @@ def save_decoder(
                 widest_window(decoder),
             )
             report["attention"] = attention
+            report["keras_backend"] = keras.backend.backend()  # what the reference ran on
             report["formats"] = list(formats)
             message = failure_message(report)
             if message is not None:
@@ -166,6 +173,8 @@ def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
     if "onnx" in formats:
         runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
     if "litert" in formats:
+        from keras_posenc.export.decoder.litert_decoder import litert_greedy
+
         path = staging / "model.tflite"
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
     return runtimes
