@@ -143,3 +143,4 @@ def test_cli_runs_on_tensorflow_whatever_the_shell_exports(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert json.loads((out / "learned" / "report.json").read_text())["passed"] is True
+    assert "exporting under TensorFlow (KERAS_BACKEND=jax is set)" in result.stderr

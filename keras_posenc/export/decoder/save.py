@@ -95,17 +95,13 @@ def save_decoder(
         (`"onnxruntime"`, `"litert"`).
 
     Raises:
-        ExportError: a model or setting the export cannot write exactly.
+        ExportError: a model or setting the export cannot write exactly; `"litert"` in
+            `formats` when Keras runs on JAX or PyTorch (the ONNX folder exports from
+            every backend, verified against Keras on that backend).
         VerificationError: the file does not generate as Keras does; the report is
             left at `failed_report_path(folder)` and nothing is written at `folder`.
     """
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
-    if not formats or any(kind not in FORMATS for kind in formats):
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    if "litert" in formats:
-        requires_tensorflow("save_decoder(formats=litert)")
+    formats = _checked(attention, formats)
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
     files = {}
     if "onnx" in formats:
@@ -139,6 +135,19 @@ def save_decoder(
             write_json(report, staging / "verification.json")
     failed_report_path(folder).unlink(missing_ok=True)
     return report
+
+
+def _checked(attention: str, formats) -> tuple[str, ...]:
+    """`formats` as a tuple, or an error: an unknown attention or format, or LiteRT on
+    another backend than TensorFlow (its converter reads a TensorFlow graph)."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    if not formats or any(kind not in FORMATS for kind in formats):
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    if "litert" in formats:
+        requires_tensorflow("save_decoder(formats=litert)")
+    return formats
 
 
 def _described(model, max_length: int, bfloat16: str):
