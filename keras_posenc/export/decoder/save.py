@@ -30,6 +30,21 @@ def _onnx_runtime(path: Path, max_length: int):
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
+def decoder_litert(decoder) -> bytes:
+    """`litert_decoder.decoder_litert`, imported when called: its module imports TensorFlow,
+    and the ONNX export runs on every backend."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.decoder_litert(decoder)
+
+
+def litert_greedy(path: Path, prompts, mask, steps: int):
+    """`litert_decoder.litert_greedy`, imported when called (see `decoder_litert`)."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.litert_greedy(path, prompts, mask, steps)
+
+
 def failed_report_path(folder: str | os.PathLike) -> Path:
     """Where `save_decoder` leaves the report of a failed verification (next to `folder`)."""
     folder = Path(folder)
@@ -110,8 +125,6 @@ def save_decoder(
             decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
         )
     if "litert" in formats:
-        from keras_posenc.export.decoder.litert_decoder import decoder_litert
-
         files["model.tflite"] = decoder_litert(decoder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
@@ -182,8 +195,6 @@ def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
     if "onnx" in formats:
         runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
     if "litert" in formats:
-        from keras_posenc.export.decoder.litert_decoder import litert_greedy
-
         path = staging / "model.tflite"
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
     return runtimes
