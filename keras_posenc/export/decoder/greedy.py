@@ -11,6 +11,37 @@ from __future__ import annotations
 import numpy as np
 
 
+def _compiled(model):
+    """`model`'s call, compiled where that is cheap: a `tf.function` on TensorFlow, its
+    `stateless_call` under `jax.jit` on JAX (the weights passed in, not baked into the
+    program); eager on PyTorch, without autograd (the cache would carry every step's graph)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda feeds: model(feeds), reduce_retracing=True)
+    if backend == "jax":
+        import jax
+
+        state = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+        )
+        stateless = jax.jit(lambda state, feeds: model.stateless_call(*state, feeds)[0])
+        return lambda feeds: stateless(state, feeds)
+    if backend == "torch":
+        import torch
+
+        def call(feeds):
+            with torch.no_grad():
+                return model(feeds)
+
+        return call
+    return model
+
+
 def keras_greedy(step_model, prompts: np.ndarray, mask: np.ndarray, steps: int):
     """Through the step model's own convention (cache slot = column, positions from the
     mask), on the Keras backend of this process (`_compiled`)."""
@@ -41,37 +72,6 @@ def keras_greedy(step_model, prompts: np.ndarray, mask: np.ndarray, steps: int):
         index += ids.shape[1]
         ids = tokens[-1][:, None].astype(np.int32)
     return np.stack(tokens, 1), logits
-
-
-def _compiled(model):
-    """`model`'s call, compiled where that is cheap: a `tf.function` on TensorFlow, its
-    `stateless_call` under `jax.jit` on JAX (the weights passed in, not baked into the
-    program); eager on PyTorch, without autograd (the cache would carry every step's graph)."""
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(lambda feeds: model(feeds), reduce_retracing=True)
-    if backend == "jax":
-        import jax
-
-        state = (
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-        )
-        stateless = jax.jit(lambda state, feeds: model.stateless_call(*state, feeds)[0])
-        return lambda feeds: stateless(state, feeds)
-    if backend == "torch":
-        import torch
-
-        def call(feeds):
-            with torch.no_grad():
-                return model(feeds)
-
-        return call
-    return model
 
 
 class SharedCacheSession:
