@@ -7,6 +7,9 @@ import importlib.util
 import os
 from pathlib import Path
 
+import keras
+
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
@@ -23,7 +26,6 @@ from keras_posenc.export.decoder.failed_report import (
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy import onnx_greedy
-from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
@@ -42,6 +44,21 @@ def _onnx_runtime(path: Path, max_length: int):
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
+
+
+def decoder_litert(decoder) -> bytes:
+    """`litert_decoder.decoder_litert`, imported when called: its module imports TensorFlow,
+    and the ONNX export runs on every backend."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.decoder_litert(decoder)
+
+
+def litert_greedy(path: Path, prompts, mask, steps: int):
+    """`litert_decoder.litert_greedy`, imported when called (see `decoder_litert`)."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.litert_greedy(path, prompts, mask, steps)
 
 
 def save_decoder(
@@ -105,13 +122,13 @@ def save_decoder(
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
-        `folder/verification.json`; each case has one result per runtime
-        (`"onnxruntime"`, `"litert"`, and `"onnxruntime-genai"` where it is installed:
-        `genai_runtime.py`).
+        `folder/verification.json`; each case has one result per runtime (`"onnxruntime"`,
+        `"litert"`, and `"onnxruntime-genai"` where it is installed: `genai_runtime.py`).
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
-            any work: quantized layers, settings the description does not carry).
+            any work: quantized layers, settings the description does not carry;
+            `"litert"` on JAX or PyTorch, where the ONNX folder still exports).
         TypeError, ValueError: `max_length` is not an integer in its range.
         VerificationError: the file does not generate as Keras does; the report is
             left at `failed_report_path(folder)` (not over a file of the user's) and
@@ -132,6 +149,7 @@ def save_decoder(
             runtimes = _runtimes(staging, formats, max_length)
             report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
             report["attention"] = attention
+            report["keras_backend"] = keras.backend.backend()  # what the reference ran on
             report["formats"] = list(formats)
             message = failure_message(report)
             if message is not None:
@@ -152,6 +170,8 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    if "litert" in formats:  # its converter reads a TensorFlow graph
+        requires_tensorflow("save_decoder(formats=litert)")
     return formats, checked_max_length(max_length, verify)
 
 
