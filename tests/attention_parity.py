@@ -131,13 +131,14 @@ def cached_outputs(layer, x: np.ndarray, prefill: int) -> np.ndarray:
     return np.concatenate(outputs, axis=1)
 
 
-def exact_attention(module, x: np.ndarray):
+def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
     """`(output, bound)`: transformers' `module` run in float64 on `x`, and the most a float32
     evaluation of the same attention can be from it (`float32_error.attention_error`).
 
     The module's float64 twin gives the exact output, the probabilities and each q/k norm's
-    input and output (their gains); the call's other arguments (RoPE tables, mask) are those
-    `transformers_side` saw.
+    input and output (their gains); the call's other arguments (RoPE tables, mask) are
+    `arguments`, by default those `transformers_side` saw. `query_factor`: the queries'
+    factors per position (Llama 4's attention temperature), if any.
     """
     import copy
 
@@ -146,7 +147,8 @@ def exact_attention(module, x: np.ndarray):
 
     twin = copy.deepcopy(module).double()
     kwargs = {}
-    for name, value in module._parity_kwargs.items():
+    arguments = module._parity_kwargs if arguments is None else arguments
+    for name, value in arguments.items():
         if name in ("cache", "past_key_values", "past_key_value", "hidden_states"):
             continue
         if isinstance(value, tuple):
@@ -195,8 +197,10 @@ def exact_attention(module, x: np.ndarray):
         norms=norms,
         gate=kernels["query"].shape[1] == 2 * heads * head_dim,
         # The twin's tables are torch's float32 ones (`position · ω` rounded, then cos/sin),
-        # within (5 L + 4) u of the exact ones; the package's within TABLE_ERROR of those.
-        table_error=TABLE_ERROR + (5 * length + 4) * U,
+        # within (5 L + 4) u of the exact ones; the package's within TABLE_ERROR of those;
+        # 4 u more where the twin rotates in float32 still (Llama 4's complex product).
+        table_error=TABLE_ERROR + (5 * length + 8) * U,
+        query_factor=query_factor,
     )
     return output.numpy(), bound
 

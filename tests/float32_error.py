@@ -275,6 +275,7 @@ def attention_error(
     norms: dict | None = None,
     gate: bool = False,
     table_error: float = TABLE_ERROR,
+    query_factor=None,
     unit: float = U,
 ) -> np.ndarray:
     """The most a float32 evaluation of causal rotary attention can be off, per output.
@@ -303,6 +304,8 @@ def attention_error(
             `(batch, T, groups, group)` (a group: one head or all heads).
         gate: whether a sigmoid gate multiplies each head's output.
         table_error: how far a cos / sin table entry can be from the exact one.
+        query_factor: optional float64 `(T,)` factors of the queries (an attention
+            temperature), applied after RoPE and norms, each rounded once.
         unit: the unit roundoff (`U`; `2.0**-53` bounds a float64 evaluation).
 
     Returns:
@@ -347,6 +350,10 @@ def attention_error(
         return out_size, error + (rounding + rope) * out_size
 
     q_size, q_error = rotated("query", query, query_error)  # (batch, T, heads)
+    if query_factor is not None:
+        factor = np.abs(np.asarray(query_factor, np.float64))[None, :, None]
+        q_error = factor * (q_error + unit * (q_size + q_error))
+        q_size = factor * q_size
     k_size, k_error = rotated("key", key, key_error)
     group = heads // kv_heads
     k_size, k_error = np.repeat(k_size, group, axis=2), np.repeat(k_error, group, axis=2)
@@ -403,3 +410,8 @@ def attention_error(
     return context_error @ output + _gamma(heads * head_dim + 1, unit) * (
         (context + context_error) @ output + (0.0 if bias is None else np.abs(bias))
     )
+
+
+def assert_within_bound(actual, exact, bound, where=None) -> None:
+    """Assert `|actual - exact| <= bound` elementwise (`where`: the elements compared)."""
+    _assert_at_most(np.abs(np.asarray(actual, np.float64) - exact), bound, where)

@@ -48,8 +48,6 @@ PENDING_SAME = (
 )
 
 ALLOWED = {
-    ("backends/test_attention.py", "test_jitted_decode_is_the_eager_decode"): PENDING_SAME,
-    ("backends/test_attention.py", "test_decoder_step_is_the_float64_decoder"): PENDING_FORMULA,
     (
         "backends/test_attention_behaviour.py",
         "test_attention_temperature_is_llama4s_formula",
@@ -59,23 +57,11 @@ ALLOWED = {
         "backends/test_attention_behaviour.py",
         "test_the_attention_layers_train_and_round_trip_through_a_keras_file",
     ): PENDING_SAME,
-    ("backends/test_behaviour.py", "test_positions_of_any_integer_dtype"): PENDING_SAME,
-    ("backends/test_behaviour.py", "test_jit_compiles_once_per_shape"): PENDING_SAME,
-    (
-        "backends/test_behaviour.py",
-        "test_a_trace_of_a_constant_input_leaves_the_table_usable",
-    ): PENDING_FORMULA,
-    ("backends/test_behaviour.py", "test_exports_with_a_symbolic_batch"): PENDING_SAME,
     ("backends/test_behaviour.py", "test_sinusoidal_initializer_and_resize"): PENDING_FORMULA,
     (
         "backends/test_distribution.py",
         "test_distributed_training_equals_one_device",
     ): PENDING_FORMULA,
-    ("backends/test_symbolic_export.py", "_compare"): PENDING_RUNTIME,
-    (
-        "backends/test_symbolic_export.py",
-        "test_keras_export_serves_a_dynamic_sequence_on_tensorflow",
-    ): PENDING_RUNTIME,
     ("sweep.py", "outcome"): PENDING_SAME,
     (
         "test_attention_temperature.py",
@@ -181,22 +167,6 @@ ALLOWED = {
     ("test_learned.py", "test_resize_interpolates_linearly"): PENDING_FORMULA,
     (
         "test_llama4_attention.py",
-        "test_from_transformers_config_gives_each_layer_its_transformers_attention",
-    ): PENDING_LIBRARY,
-    (
-        "test_llama4_attention.py",
-        "test_chunked_and_tempered_attention_match_transformers_with_a_cache",
-    ): PENDING_LIBRARY,
-    (
-        "test_llama4_attention.py",
-        "test_chunks_of_a_left_padded_row_start_at_its_first_token_as_in_transformers",
-    ): PENDING_LIBRARY,
-    (
-        "test_llama4_attention.py",
-        "test_chunks_without_a_cache_count_from_the_start_indices",
-    ): PENDING_LIBRARY,
-    (
-        "test_llama4_attention.py",
         "test_chunked_self_attention_on_a_slice_counts_chunks_from_its_start",
     ): PENDING_LIBRARY,
     ("test_onnx_cse.py", "test_each_attention_layer_computes_its_rows_once"): PENDING_RUNTIME,
@@ -269,13 +239,8 @@ ALLOWED = {
         "test_partial_rotation_passes_the_other_channels_through_unchanged",
     ): PENDING_SAME,
     ("test_rotary.py", "test_scores_depend_only_on_the_relative_position"): PENDING_SAME,
-    (
-        "test_rotary.py",
-        "test_start_index_tensor_gives_exactly_the_positions_in_graphs",
-    ): PENDING_SAME,
     ("test_rotary.py", "test_dynamic_sequence_length_in_one_trace"): PENDING_SAME,
     ("test_rotary.py", "test_float64_policy"): PENDING_FORMULA,
-    ("test_rotary_attention.py", "test_mixed_precision_computes_in_the_compute_dtype"): HALF,
     (
         "test_rotary_attention_axes.py",
         "test_multi_axis_cache_decodes_as_the_full_pass",
