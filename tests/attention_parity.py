@@ -143,7 +143,7 @@ def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
     import copy
 
     import torch
-    from float32_error import TABLE_ERROR, U, attention_error
+    from float32_error import TABLE_ERROR, U, attention_error, torch_table_error
 
     twin = copy.deepcopy(module).double()
     kwargs = {}
@@ -196,10 +196,10 @@ def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
         weights=weights.numpy(),
         norms=norms,
         gate=kernels["query"].shape[1] == 2 * heads * head_dim,
-        # The twin's tables are torch's float32 ones (`position · ω` rounded, then cos/sin),
-        # within (5 L + 4) u of the exact ones; the package's within TABLE_ERROR of those;
-        # 4 u more where the twin rotates in float32 still (Llama 4's complex product).
-        table_error=TABLE_ERROR + (5 * length + 8) * U,
+        # The twin's tables are torch's float32 ones (`torch_table_error`), the package's
+        # within TABLE_ERROR of the exact ones; 4 u more where the twin rotates in float32
+        # still (Llama 4's complex product).
+        table_error=TABLE_ERROR + torch_table_error(length) + 4 * U,
         query_factor=query_factor,
     )
     return output.numpy(), bound

@@ -415,3 +415,26 @@ def attention_error(
 def assert_within_bound(actual, exact, bound, where=None) -> None:
     """Assert `|actual - exact| <= bound` elementwise (`where`: the elements compared)."""
     _assert_at_most(np.abs(np.asarray(actual, np.float64) - exact), bound, where)
+
+
+def torch_table_error(max_position: float, scaled: bool = False) -> float:
+    """How far transformers' float32 cos / sin tables are from the exact ones up to a position.
+
+    torch forms `ω = 1 / base^(2k/d)` in float32: the exponent rounded (`u` of it, so
+    `ln(1/ω) u` of `ω`), the power within 4 ulp, the division one rounding; then `p·ω` one
+    rounding, so the angle is within `p ω (ln(1/ω) + 6) u <= p (1/e + 6) u` (`ω <= 1`), and
+    cos / sin (1 ulp) times the attention factor (1 rounding) add `2u`: `(7p + 2) u`.
+    `scaled`: a scaled RoPE (linear, llama3, YaRN, dynamic NTK) whose frequencies take up to
+    16 more roundings of `ω` (llama3's smoothing, YaRN's blend) and its factor's own: `+16p u`.
+    """
+    return ((7 + (16 if scaled else 0)) * max_position + 2) * U
+
+
+def rotation_error(x, table_error: float = TABLE_ERROR) -> np.ndarray:
+    """Bound of one float32 RoPE of `x` (heads on the last axis), per element.
+
+    Each output `a cos - b sin` of a pair: the table entries within `τ` each, two products
+    and a sum: within `(τ + 3u)(|a| + |b|) <= 2 (τ + 3u) max|x|` over the head.
+    """
+    x = np.abs(np.asarray(x, np.float64))
+    return np.broadcast_to(2 * (table_error + 3 * U) * x.max(-1, keepdims=True), x.shape)

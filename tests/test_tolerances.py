@@ -74,7 +74,6 @@ ALLOWED = {
     ("test_axes.py", "test_mrope_is_the_qwen_recomposition"): PENDING_SAME,
     ("test_axes.py", "test_mrope_of_text_alone_is_plain_rope"): PENDING_SAME,
     ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
-    ("test_axes.py", "test_mrope_equals_transformers"): PENDING_LIBRARY,
     (
         "test_axes_export.py",
         "test_exported_files_are_the_formulas_at_every_table_boundary",
@@ -288,14 +287,6 @@ ALLOWED = {
     (
         "test_transformers_config.py",
         "test_the_layer_from_a_config_rotates_as_the_definition",
-    ): PENDING_LIBRARY,
-    (
-        "test_transformers_defaults_2026.py",
-        "test_a_top_level_partial_rotary_factor_is_read_as_transformers_reads_it",
-    ): PENDING_LIBRARY,
-    (
-        "test_transformers_defaults_2026.py",
-        "test_qwen3_5_multimodal_positions_equal_transformers",
     ): PENDING_LIBRARY,
     (
         "test_transformers_parity.py",
