@@ -438,3 +438,16 @@ def rotation_error(x, table_error: float = TABLE_ERROR) -> np.ndarray:
     """
     x = np.abs(np.asarray(x, np.float64))
     return np.broadcast_to(2 * (table_error + 3 * U) * x.max(-1, keepdims=True), x.shape)
+
+
+def torch_frequency_error(omega, scaled: bool = False) -> np.ndarray:
+    """How far transformers' float32 RoPE frequencies can be from the exact `omega`.
+
+    `1 / base^(2k/d)`: the exponent's rounding (`ln(1/ω) u` of `ω`), the power (4 ulp), the
+    division and the final rounding to float32: `(ln(1/ω) + 6) u ω`; `scaled` (linear,
+    llama3, YaRN, proportional...): up to 16 more roundings of `ω`. Zero stays zero.
+    """
+    omega = np.abs(np.asarray(omega, np.float64))
+    with np.errstate(divide="ignore"):
+        log = np.where(omega > 0, np.log(1 / np.where(omega > 0, omega, 1)), 0.0)
+    return (np.maximum(log, 0) + 6 + (16 if scaled else 0)) * U * omega
