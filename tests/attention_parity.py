@@ -225,3 +225,11 @@ def assert_other_attention(actual, module, x: np.ndarray) -> None:
     exact, bound = module._parity_exact
     difference = np.abs(np.asarray(actual, np.float64) - exact)
     assert (difference > bound).any(), f"within the float32 bound: {difference.max():.3g}"
+
+
+def norm_epsilon(module) -> float | None:
+    """The epsilon of transformers' q/k norm in attention `module` (None: no norm)."""
+    for name, child in module.named_children():
+        if "norm" in name:
+            return float(getattr(child, "variance_epsilon", getattr(child, "eps", None)))
+    return None

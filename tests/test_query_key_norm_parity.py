@@ -20,6 +20,7 @@ from attention_parity import (
     assert_same_attention,
     cached_outputs,
     copy_weights,
+    norm_epsilon,
     transformers_side,
 )
 
@@ -89,6 +90,10 @@ def test_attention_with_query_key_norms_equals_transformers(side):
         )
         has_norm = (raw["model_type"], index) not in WITHOUT_NORM
         assert (layer.query_key_norm is not None) == has_norm, (raw["model_type"], index)
+        # Read, not assumed (a wrong epsilon moves these outputs less than the float32 bound).
+        if has_norm:
+            epsilon = layer.get_config()["query_key_norm_epsilon"]
+            assert epsilon == norm_epsilon(module), (raw["model_type"], index)
         copy_weights(layer, module, x)
         output = np.asarray(layer(x, x, use_causal_mask=True))
         assert_same_attention(output, module, x, expected)

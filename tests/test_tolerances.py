@@ -37,10 +37,6 @@ VERIFIER = (
     "the verifier's own threshold (optimum's atol=1e-5, rtol=1e-4) is what is tested, or a "
     "difference it reports, compared exactly"
 )
-PENDING_LIBRARY = (
-    "PENDING: float32 against another library (transformers / torch) with a constant; "
-    "to convert first (tests/attention_parity.py's exact_attention shows how)"
-)
 PENDING_RUNTIME = (
     "PENDING: an exported file (onnxruntime, SavedModel, LiteRT) against Keras or a formula "
     "with a constant"
