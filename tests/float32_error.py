@@ -451,3 +451,10 @@ def torch_frequency_error(omega, scaled: bool = False) -> np.ndarray:
     with np.errstate(divide="ignore"):
         log = np.where(omega > 0, np.log(1 / np.where(omega > 0, omega, 1)), 0.0)
     return (np.maximum(log, 0) + 6 + (16 if scaled else 0)) * U * omega
+
+
+def position_sum_error(x, table_error: float = TABLE_ERROR, table_magnitude: float = 1.0):
+    """Bound of `x + table` in float32, the table's entries (`|t| <= table_magnitude`) within
+    `table_error` of the exact ones: that error, then one rounding of the sum."""
+    x = np.abs(np.asarray(x, np.float64))
+    return table_error + U * (x + table_magnitude + table_error)

@@ -129,12 +129,6 @@ ALLOWED = {
         "test_where_is_it_without_positions_is_chance_and_2d_positions_solve_it",
     ): STATISTIC,
     ("test_examples.py", "test_sinusoidal_2d_figure_data_follow_the_formula"): PENDING_RUNTIME,
-    ("test_export.py", "test_position_layers_in_onnxruntime_match_the_formulas"): PENDING_RUNTIME,
-    (
-        "test_export.py",
-        "test_position_layers_in_the_saved_model_match_the_formulas",
-    ): PENDING_RUNTIME,
-    ("test_export.py", "test_learned_layer_alone_round_trips"): PENDING_RUNTIME,
     (
         "test_export.py",
         "test_saved_model_loads_in_a_fresh_process_without_keras_posenc",
