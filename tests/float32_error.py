@@ -412,9 +412,13 @@ def attention_error(
     )
 
 
-def assert_within_bound(actual, exact, bound, where=None) -> None:
-    """Assert `|actual - exact| <= bound` elementwise (`where`: the elements compared)."""
-    _assert_at_most(np.abs(np.asarray(actual, np.float64) - exact), bound, where)
+def assert_within_bound(actual, exact, bound, where=None, what: str = "") -> None:
+    """Assert `|actual - exact| <= bound` elementwise (`where`: the elements compared;
+    `what`: named in the message)."""
+    try:
+        _assert_at_most(np.abs(np.asarray(actual, np.float64) - exact), bound, where)
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {error}" if what else str(error)) from None
 
 
 def torch_table_error(max_position: float, scaled: bool = False) -> float:

@@ -237,15 +237,6 @@ ALLOWED = {
         "test_rotary_group_query_attention.py",
         "test_the_weights_are_exactly_group_query_attentions",
     ): PENDING_SAME,
-    ("test_saved_model.py", "test_the_loaded_signature_computes_the_formula"): PENDING_RUNTIME,
-    (
-        "test_signature.py",
-        "test_the_serving_function_computes_the_model_at_any_length",
-    ): PENDING_RUNTIME,
-    (
-        "test_signature.py",
-        "test_outputs_are_named_by_dict_keys_else_output_names_else_by_position",
-    ): PENDING_RUNTIME,
     ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): PENDING_SAME,
     (
         "test_sinusoidal.py",
@@ -290,11 +281,6 @@ ALLOWED = {
     (
         "test_verify_report.py",
         "test_stored_arrays_are_the_rows_of_the_formula_below_the_bound",
-    ): PENDING_RUNTIME,
-    ("test_verify_runtimes.py", "test_every_runner_computes_the_formula"): PENDING_RUNTIME,
-    (
-        "test_verify_runtimes.py",
-        "test_runtimes_call_keras_first_and_then_the_artifacts_given",
     ): PENDING_RUNTIME,
     (
         "test_verify_tables.py",
