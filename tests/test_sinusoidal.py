@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import TABLE_ERROR, assert_within_bound, position_sum_error
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +21,8 @@ from keras_posenc import (
     sinusoidal_table,
 )
 
-TABLE_TOLERANCE = 2e-7
+# A table entry's float32 bound (float32_error: the split's products and sum, |t| <= 1).
+TABLE_TOLERANCE = TABLE_ERROR
 LAYOUTS = ["interleaved", "concat"]
 
 
@@ -85,7 +87,7 @@ def test_encoding_matches_the_formula(in_mode, positions_case, position_kind, la
     outputs = encode(*case.arguments(x))
     assert outputs.dtype == tf.float32 and outputs.shape == (batch, length, width)
     expected = x + reference.sinusoidal(case.positions, width, layout=layout)
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TABLE_TOLERANCE + 1.2e-7)
+    assert_within_bound(outputs, expected, position_sum_error(x))
 
 
 @given(

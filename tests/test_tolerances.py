@@ -142,7 +142,6 @@ ALLOWED = {
     ("test_frequencies.py", "test_inverse_frequencies_of_the_seed_example"): FLOAT64,
     ("test_frequencies.py", "test_inverse_frequencies_match_the_formula"): FLOAT64,
     ("test_frequencies.py", "test_wavelengths_are_two_pi_times_base_to_the_2k_over_d"): FLOAT64,
-    ("test_frequencies.py", "test_sin_cos_takes_positions_of_any_shape_and_int_dtype"): TABLE,
     (
         "test_keras_file_loading.py",
         "test_loading_in_a_fresh_process_without_the_import",
@@ -246,15 +245,7 @@ ALLOWED = {
         "test_sinusoidal.py",
         "test_self_attention_is_permutation_equivariant_without_positions_and_not_with_them",
     ): PENDING_SAME,
-    ("test_sinusoidal.py", "test_encoding_matches_the_formula"): PENDING_FORMULA,
-    (
-        "test_sinusoidal.py",
-        "test_encoding_matches_the_formula_for_any_width_and_positions",
-    ): PENDING_FORMULA,
-    ("test_sinusoidal.py", "test_python_int_start_index_past_the_cache"): PENDING_SAME,
-    ("test_sinusoidal.py", "test_dynamic_sequence_length_in_one_trace"): PENDING_SAME,
     ("test_sinusoidal.py", "test_bfloat16_encoding_is_within_2e_3_up_to_position_1e5"): HALF,
-    ("test_sinusoidal.py", "test_float64_policy_keeps_float64_inputs"): PENDING_FORMULA,
     ("test_sinusoidal.py", "test_tensor2tensor_spacing_is_whispers_table"): PENDING_FORMULA,
     (
         "test_sinusoidal.py",
