@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
-from float32_error import assert_within_bound, rotation_error, torch_table_error
+from float32_error import TABLE_ERROR, U, assert_within_bound, rotation_error, torch_table_error
 
 from keras_posenc import (
     RotaryEmbedding,
@@ -22,7 +22,8 @@ from keras_posenc import (
     multimodal_positions,
 )
 
-ROTARY_TOLERANCE = 5e-7
+# One rotation of inputs in [-1, 1] (float32_error.rotation_error): 2 (TABLE_ERROR + 3u).
+ROTARY_TOLERANCE = 2 * (TABLE_ERROR + 3 * U)
 
 # --------------------------------------------------------------------------------------
 # References

@@ -66,8 +66,6 @@ ALLOWED = {
     ("test_axes.py", "test_2d_concat_encoding_is_maes_table"): PENDING_FORMULA,
     ("test_axes.py", "test_each_axis_is_its_own_1d_encoding"): PENDING_SAME,
     ("test_axes.py", "test_2d_encoding_under_xla_with_dynamic_grid_sizes"): PENDING_SAME,
-    ("test_axes.py", "test_axial_rope_is_the_formula"): PENDING_FORMULA,
-    ("test_axes.py", "test_mrope_is_the_qwen_recomposition"): PENDING_SAME,
     ("test_axes.py", "test_mrope_of_text_alone_is_plain_rope"): PENDING_SAME,
     ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
     (
@@ -215,15 +213,7 @@ ALLOWED = {
         "test_transformers5_rope_parameters_is_accepted_as_scaling",
     ): PENDING_FORMULA,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
-    ("test_rotary.py", "test_rotation_matches_the_formula"): PENDING_FORMULA,
-    ("test_rotary.py", "test_both_xla_swaps_match_the_formula"): PENDING_FORMULA,
-    (
-        "test_rotary.py",
-        "test_partial_rotation_passes_the_other_channels_through_unchanged",
-    ): PENDING_SAME,
     ("test_rotary.py", "test_scores_depend_only_on_the_relative_position"): PENDING_SAME,
-    ("test_rotary.py", "test_dynamic_sequence_length_in_one_trace"): PENDING_SAME,
-    ("test_rotary.py", "test_float64_policy"): PENDING_FORMULA,
     (
         "test_rotary_attention_axes.py",
         "test_multi_axis_cache_decodes_as_the_full_pass",
