@@ -81,8 +81,6 @@ ALLOWED = {
         "test_axes_export.py",
         "test_multi_axis_rope_under_xla_with_dynamic_grid_sizes",
     ): PENDING_RUNTIME,
-    ("test_bad_input.py", "test_narrow_integer_positions_give_the_right_rows"): PENDING_FORMULA,
-    ("test_bad_input.py", "test_narrow_integer_positions_rotate_right_under_xla"): PENDING_SAME,
     ("test_benchmark_report.py", "test_sign_test_matches_the_binomial_tails"): FLOAT64,
     (
         "test_benchmark_report.py",
@@ -149,7 +147,6 @@ ALLOWED = {
         "test_layer_contract.py",
         "test_mask_reaches_the_next_layer_of_a_functional_model",
     ): PENDING_SAME,
-    ("test_learned.py", "test_adds_the_rows_of_its_positions"): PENDING_FORMULA,
     ("test_learned.py", "test_resize_interpolates_linearly"): PENDING_FORMULA,
     (
         "test_llama4_attention.py",
