@@ -434,14 +434,16 @@ def torch_table_error(max_position: float, scaled: bool = False) -> float:
     return ((7 + (16 if scaled else 0)) * max_position + 2) * U
 
 
-def rotation_error(x, table_error: float = TABLE_ERROR) -> np.ndarray:
+def rotation_error(x, table_error: float = TABLE_ERROR, factor: float = 1.0) -> np.ndarray:
     """Bound of one float32 RoPE of `x` (heads on the last axis), per element.
 
     Each output `a cos - b sin` of a pair: the table entries within `τ` each, two products
-    and a sum: within `(τ + 3u)(|a| + |b|) <= 2 (τ + 3u) max|x|` over the head.
+    and a sum: within `(τ + 3u)(|a| + |b|) <= 2 (τ + 3u) max|x|` over the head; tables
+    times an attention factor `f >= 1` (entries up to `f`, `τ` relative to that): `f` times.
     """
     x = np.abs(np.asarray(x, np.float64))
-    return np.broadcast_to(2 * (table_error + 3 * U) * x.max(-1, keepdims=True), x.shape)
+    scale = 2 * max(factor, 1.0) * (table_error + 3 * U)
+    return np.broadcast_to(scale * x.max(-1, keepdims=True), x.shape)
 
 
 def torch_frequency_error(omega, scaled: bool = False) -> np.ndarray:

@@ -239,10 +239,6 @@ ALLOWED = {
         "test_tensor2tensor_spacing_is_fairseqs_table_in_the_layer",
     ): PENDING_FORMULA,
     (
-        "test_transformers_config.py",
-        "test_the_layer_from_a_config_rotates_as_the_definition",
-    ): PENDING_FORMULA,
-    (
         "test_transformers_parity.py",
         "test_published_configs_read_as_transformers_reads_them",
     ): FLOAT64,
