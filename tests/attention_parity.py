@@ -156,6 +156,11 @@ def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
         elif torch.is_tensor(value) and value.is_floating_point():
             value = value.double()
         kwargs[name] = value
+    tables = arguments.get("position_embeddings")
+    if tables is not None:  # (cos, sin), or Llama 4's complex cos + i sin
+        size = tables[0] ** 2 + tables[1] ** 2 if isinstance(tables, tuple) else tables.abs() ** 2
+        # attention_error takes a rotation to keep a vector's length: no attention factor.
+        assert float(size.max()) <= 1 + 8 * U, "a RoPE attention factor: not in the bound"
     records, hooks = [], []
     for name, child in twin.named_children():
         if "norm" in name:
