@@ -133,7 +133,7 @@ def cached_outputs(layer, x: np.ndarray, prefill: int) -> np.ndarray:
 
 def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
     """`(output, bound)`: transformers' `module` run in float64 on `x`, and the most a float32
-    evaluation of the same attention can be from it (`float32_error.attention_error`).
+    evaluation of the same attention can be from it (`attention_error.attention_error`).
 
     The module's float64 twin gives the exact output, the probabilities and each q/k norm's
     input and output (their gains); the call's other arguments (RoPE tables, mask) are
@@ -143,7 +143,8 @@ def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
     import copy
 
     import torch
-    from float32_error import TABLE_ERROR, U, attention_error, torch_table_error
+    from attention_error import attention_error
+    from float32_error import TABLE_ERROR, U, torch_table_error
 
     twin = copy.deepcopy(module).double()
     kwargs = {}

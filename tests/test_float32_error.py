@@ -111,7 +111,7 @@ def _grouped_attention(x, kernels, heads, kv_heads, dtype, epsilon=1e-6):
 
 
 def test_the_attention_bound_holds_for_a_float32_evaluation():
-    from float32_error import attention_error
+    from attention_error import attention_error
 
     heads, kv_heads, head_dim, width = 4, 2, 16, 64
     x = RNG.normal(size=(2, 8, width)).astype(np.float32)
