@@ -63,10 +63,6 @@ ALLOWED = {
         "test_distributed_training_equals_one_device",
     ): PENDING_FORMULA,
     ("sweep.py", "outcome"): PENDING_SAME,
-    ("test_axes.py", "test_2d_concat_encoding_is_maes_table"): PENDING_FORMULA,
-    ("test_axes.py", "test_each_axis_is_its_own_1d_encoding"): PENDING_SAME,
-    ("test_axes.py", "test_2d_encoding_under_xla_with_dynamic_grid_sizes"): PENDING_SAME,
-    ("test_axes.py", "test_mrope_of_text_alone_is_plain_rope"): PENDING_SAME,
     ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
     (
         "test_axes_export.py",
