@@ -315,3 +315,11 @@ def position_sum_error(x, table_error: float = TABLE_ERROR, table_magnitude: flo
     `table_error` of the exact ones: that error, then one rounding of the sum."""
     x = np.abs(np.asarray(x, np.float64))
     return table_error + U * (x + table_magnitude + table_error)
+
+
+def table_dot_error(width: int, table_error: float = TABLE_ERROR, magnitude: float = 1.0):
+    """Bound of a float32 dot product of two rows of `width` entries, each entry within
+    `table_error` of the exact one and `|t| <= magnitude`: the operands' errors through the
+    products, then `γ_width` of `Σ|a||b|`."""
+    carried = width * (2 * table_error * magnitude + table_error**2)
+    return carried + gamma(width) * width * (magnitude + table_error) ** 2

@@ -103,7 +103,6 @@ ALLOWED = {
         "test_examples.py",
         "test_order_matters_without_positions_is_chance_and_with_positions_is_not",
     ): STATISTIC,
-    ("test_examples.py", "test_plot_data_follow_the_formulas"): PENDING_RUNTIME,
     (
         "test_examples.py",
         "test_serve_onnx_answers_like_keras_without_importing_tensorflow",
@@ -120,7 +119,6 @@ ALLOWED = {
         "test_examples.py",
         "test_where_is_it_without_positions_is_chance_and_2d_positions_solve_it",
     ): STATISTIC,
-    ("test_examples.py", "test_sinusoidal_2d_figure_data_follow_the_formula"): PENDING_RUNTIME,
     (
         "test_export.py",
         "test_saved_model_loads_in_a_fresh_process_without_keras_posenc",
