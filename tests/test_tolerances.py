@@ -217,21 +217,13 @@ ALLOWED = {
         "test_rotary_group_query_attention.py",
         "test_the_weights_are_exactly_group_query_attentions",
     ): PENDING_SAME,
-    ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): PENDING_SAME,
-    (
-        "test_sinusoidal.py",
-        "test_dot_product_of_a_frequency_pair_depends_only_on_the_offset",
-    ): PENDING_SAME,
+    ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): TABLE,
     (
         "test_sinusoidal.py",
         "test_self_attention_is_permutation_equivariant_without_positions_and_not_with_them",
     ): PENDING_SAME,
     ("test_sinusoidal.py", "test_bfloat16_encoding_is_within_2e_3_up_to_position_1e5"): HALF,
-    ("test_sinusoidal.py", "test_tensor2tensor_spacing_is_whispers_table"): PENDING_FORMULA,
-    (
-        "test_sinusoidal.py",
-        "test_tensor2tensor_spacing_is_fairseqs_table_in_the_layer",
-    ): PENDING_FORMULA,
+    ("test_sinusoidal.py", "test_tensor2tensor_spacing_is_whispers_table"): TABLE,
     (
         "test_transformers_parity.py",
         "test_published_configs_read_as_transformers_reads_them",
