@@ -197,10 +197,6 @@ ALLOWED = {
     ): PENDING_FORMULA,
     (
         "test_rope_scaling.py",
-        "test_longrope_factors_as_numpy_arrays_work_through_a_keras_file",
-    ): PENDING_SAME,
-    (
-        "test_rope_scaling.py",
         "test_transformers5_rope_parameters_is_accepted_as_scaling",
     ): PENDING_FORMULA,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
