@@ -68,15 +68,7 @@ ALLOWED = {
         "test_axes_export.py",
         "test_exported_files_are_the_formulas_at_every_table_boundary",
     ): PENDING_RUNTIME,
-    (
-        "test_axes_export.py",
-        "test_mrope_decoding_files_are_plain_rope_from_the_start",
-    ): PENDING_RUNTIME,
     ("test_axes_export.py", "test_constant_grid_files_are_the_formulas"): PENDING_RUNTIME,
-    (
-        "test_axes_export.py",
-        "test_multi_axis_rope_under_xla_with_dynamic_grid_sizes",
-    ): PENDING_RUNTIME,
     ("test_benchmark_report.py", "test_sign_test_matches_the_binomial_tails"): FLOAT64,
     (
         "test_benchmark_report.py",
