@@ -22,6 +22,12 @@ from keras_posenc.export.decoder.failed_report import (
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
+from keras_posenc.export.decoder.litertlm import litertlm_bundle, litertlm_plan
+from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
+from keras_posenc.export.decoder.litertlm_model import (
+    DEFAULT_PREFILL_LENGTHS,
+    decoder_litertlm_tflite,
+)
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.errors import VerificationError
@@ -29,7 +35,7 @@ from keras_posenc.export.files import whole_or_nothing, write_json, written_by_p
 from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
-FORMATS = ("onnx", "litert")
+FORMATS = ("onnx", "litert", "litertlm")
 DEFAULT_FORMATS = ("onnx",)
 
 
@@ -52,6 +58,7 @@ def save_decoder(
     bos_token_id: int = 0,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
+    prefill_lengths: tuple[int, ...] = DEFAULT_PREFILL_LENGTHS,
     verbose: int = 1,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
@@ -86,7 +93,9 @@ def save_decoder(
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
             `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
-            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB).
+            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB) and
+            `"litertlm"` (`model.litertlm`, a LiteRT-LM bundle of a keras_hub CausalLM
+            with its SentencePiece tokenizer, verified in LiteRT-LM's engine: `litertlm.py`).
         bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
             mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
             verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
@@ -94,13 +103,15 @@ def save_decoder(
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        prefill_lengths: the `prefill_<n>` signatures of `model.litertlm` (from 1 to
+            `max_length - 1`; the engine splits a prompt over them).
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
         `folder/verification.json`; each case has one result per runtime
-        (`"onnxruntime"`, `"litert"`).
+        (`"onnxruntime"`, `"litert"`); `"litertlm"` the engine's text against keras_hub's.
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
@@ -114,6 +125,9 @@ def save_decoder(
     progress = Progress(check_verbose(verbose), folder)
     progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    plan = None
+    if "litertlm" in formats:
+        plan = litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = {}
     if "onnx" in formats:
@@ -123,16 +137,27 @@ def save_decoder(
         )
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
+    if plan is not None:
+        tflite = decoder_litertlm_tflite(decoder, plan.prefill_lengths)
+        files["model.litertlm"] = litertlm_bundle(tflite, plan)
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
             runtimes = _runtimes(staging, formats, max_length)
-            report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
+            report = {"cases": []}
+            if runtimes:
+                length = min(max_length, slots)
+                report = _verify(model, decoder, reference, runtimes, length, progress)
+            if plan is not None:
+                progress.say("generating text in LiteRT-LM's engine")
+                report["litertlm"] = check_litertlm(
+                    staging / "model.litertlm", model, plan.prefill_lengths, max_length
+                )
             report["attention"] = attention
             report["formats"] = list(formats)
-            message = failure_message(report)
+            message = failure_message(report) or litertlm_failure(report)
             if message is not None:
                 message += keep_failed_report(report, folder)
                 raise VerificationError(message, report)
@@ -155,7 +180,11 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
-    names = {"onnx": ["model.onnx", "genai_config.json"], "litert": ["model.tflite"]}
+    names = {
+        "onnx": ["model.onnx", "genai_config.json"],
+        "litert": ["model.tflite"],
+        "litertlm": ["model.litertlm"],
+    }
     return [name for kind in formats for name in names[kind]]
 
 
