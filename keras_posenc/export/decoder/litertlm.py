@@ -37,6 +37,17 @@ class BundlePlan:
     max_length: int
     prefill_lengths: tuple[int, ...]
 
+    @property
+    def cache_slots(self) -> int:
+        """The file's cache slots: `max_length` and room for the padding of a last chunk.
+
+        The engine pads a prompt's last chunk to a `prefill_<n>` and writes the padding to
+        the cache after the real tokens: a chunk of one token at slot `max_length - 2`
+        (the longest prompt the engine takes) ends at `max_length - 2 + n`. With only
+        `max_length` slots the write would not fit and the graph's NaN logits give
+        `<unk>` tokens."""
+        return self.max_length + self.prefill_lengths[-1]
+
 
 def _require_packages() -> None:
     try:
@@ -146,3 +157,12 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
         with open(folder / "model.litertlm", "wb") as stream:
             bundle.build(stream, validate_metadata=True)
         return (folder / "model.litertlm").read_bytes()
+
+
+def litertlm_file(model, plan: BundlePlan) -> bytes:
+    """The `.litertlm` bytes of keras_hub CausalLM `model` (`plan` from `litertlm_plan`)."""
+    from keras_posenc import keras_hub as bridge
+    from keras_posenc.export.decoder.litertlm_model import decoder_litertlm_tflite
+
+    decoder = bridge.describe_causal_lm(model, plan.cache_slots)
+    return litertlm_bundle(decoder_litertlm_tflite(decoder, plan.prefill_lengths), plan)

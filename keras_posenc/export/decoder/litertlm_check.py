@@ -4,8 +4,10 @@ The engine takes text, so each case is a prompt as text: keras_hub's
 `generate(prompt, max_length=max_length, strip_prompt=True)` (compiled with the greedy
 sampler) against the engine's session on the CPU backend with `top_k=1`, prompt
 template off, both generating until the stop token or the end of the cache. The prompts
-are one shorter than the smallest `prefill_<n>` (the engine pads it) and one longer than
-the largest (the engine splits it over the signatures), counted with the start token.
+are one shorter than the smallest `prefill_<n>` (the engine pads it), one longer than the
+largest (the engine splits it over the signatures) and the longest the engine takes
+(`max_length - 2`: its padded last chunk runs past `max_length`, into the slots the file
+has for it), counted with the start token.
 """
 
 from __future__ import annotations
@@ -23,23 +25,34 @@ def _words(tokenizer) -> list[str]:
     return words or ["a"]
 
 
-def check_prompts(tokenizer, prefill_lengths: tuple[int, ...], max_length: int) -> list[str]:
-    """Prompts of the module docstring: padded (when the smallest length is over 2) and
-    chunked (when the cache holds the largest length, a token more and two generated)."""
-    words, prompts = _words(tokenizer), []
+def _prompt_of(tokenizer, words: list[str], tokens: int) -> str:
+    """A prompt of about `tokens` tokens with the start token (at most that many): whole
+    words while three more fit, then one letter at a time."""
 
-    def count(text: str) -> int:  # with the start token
+    def count(text: str) -> int:
         return 1 + len(tokenizer(text))
 
+    text, i = words[0], 1
+    while count(f"{text} {words[i % len(words)]}") <= tokens and i < 4 * tokens:
+        text, i = f"{text} {words[i % len(words)]}", i + 1
+    while count(text + words[0][0]) <= tokens and len(text) < 8 * tokens:
+        text += words[0][0]
+    return text
+
+
+def check_prompts(tokenizer, prefill_lengths: tuple[int, ...], max_length: int) -> list[str]:
+    """The prompts of the module docstring: shorter than the smallest `prefill_<n>` (when
+    it is over 2), longer than the largest, and the longest the engine takes
+    (`max_length - 2` tokens: its last chunk's padding runs past `max_length`), those the
+    cache holds with a token generated."""
+    words, prompts = _words(tokenizer), []
     if prefill_lengths[0] > 2:
         prompts.append(words[0])
-    if prefill_lengths[-1] + 2 < max_length:
-        text, i = words[0], 1
-        while count(text) <= prefill_lengths[-1] and count(text) + 2 < max_length:
-            text, i = f"{text} {words[i % len(words)]}", i + 1
-        if prefill_lengths[-1] < count(text) < max_length - 1:
-            prompts.append(text)
-    return [p for p in prompts if count(p) < max_length - 1]
+    for tokens in (prefill_lengths[-1] + 2, max_length - 2):
+        prompt = _prompt_of(tokenizer, words, tokens)
+        if 1 + len(tokenizer(prompt)) > prefill_lengths[-1] and prompt not in prompts:
+            prompts.append(prompt)
+    return prompts
 
 
 def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length: int) -> dict:

@@ -22,12 +22,9 @@ from keras_posenc.export.decoder.failed_report import (
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
-from keras_posenc.export.decoder.litertlm import litertlm_bundle, litertlm_plan
+from keras_posenc.export.decoder.litertlm import litertlm_file, litertlm_plan
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
-from keras_posenc.export.decoder.litertlm_model import (
-    DEFAULT_PREFILL_LENGTHS,
-    decoder_litertlm_tflite,
-)
+from keras_posenc.export.decoder.litertlm_model import DEFAULT_PREFILL_LENGTHS
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.errors import VerificationError
@@ -138,8 +135,7 @@ def save_decoder(
     if "litert" in formats:
         files["model.tflite"] = decoder_litert(decoder)
     if plan is not None:
-        tflite = decoder_litertlm_tflite(decoder, plan.prefill_lengths)
-        files["model.litertlm"] = litertlm_bundle(tflite, plan)
+        files["model.litertlm"] = litertlm_file(model, plan)
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
