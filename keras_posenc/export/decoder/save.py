@@ -91,8 +91,7 @@ def save_decoder(
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
             `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
             converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB) and
-            `"litertlm"` (`model.litertlm`, a LiteRT-LM bundle of a keras_hub CausalLM
-            with its SentencePiece tokenizer, verified in LiteRT-LM's engine: `litertlm.py`).
+            `"litertlm"` (`model.litertlm`, LiteRT-LM's bundle: docs/litertlm.md).
         bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
             mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
             verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
@@ -100,15 +99,14 @@ def save_decoder(
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
-        prefill_lengths: the `prefill_<n>` signatures of `model.litertlm` (from 1 to
-            `max_length - 1`; the engine splits a prompt over them).
+        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (1 to `max_length - 1`).
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
         `folder/verification.json`; each case has one result per runtime
-        (`"onnxruntime"`, `"litert"`); `"litertlm"` the engine's text against keras_hub's.
+        (`"onnxruntime"`, `"litert"`); `"litertlm"`: LiteRT-LM's text and keras_hub's.
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
@@ -122,35 +120,17 @@ def save_decoder(
     progress = Progress(check_verbose(verbose), folder)
     progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
-    plan = None
-    if "litertlm" in formats:
-        plan = litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths)
+    plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = {}
-    if "onnx" in formats:
-        files["model.onnx"] = decoder_onnx(decoder, attention)
-        files["genai_config.json"] = genai_config(
-            decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
-        )
-    if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
-    if plan is not None:
-        files["model.litertlm"] = litertlm_file(model, plan)
+    ids = dict(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    files = _files(model, decoder, formats, attention, plan, ids)
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
-            runtimes = _runtimes(staging, formats, max_length)
-            report = {"cases": []}
-            if runtimes:
-                length = min(max_length, slots)
-                report = _verify(model, decoder, reference, runtimes, length, progress)
-            if plan is not None:
-                progress.say("generating text in LiteRT-LM's engine")
-                report["litertlm"] = check_litertlm(
-                    staging / "model.litertlm", model, plan.prefill_lengths, max_length
-                )
+            checked = (model, decoder, reference, min(max_length, slots))
+            report = _verified(checked, staging, formats, max_length, plan, progress)
             report["attention"] = attention
             report["formats"] = list(formats)
             message = failure_message(report) or litertlm_failure(report)
@@ -163,6 +143,27 @@ def save_decoder(
     remove_failed_report(folder)
     progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
+
+
+def _plan(model, decoder, formats, max_length: int, prefill_lengths):
+    """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
+    file is written."""
+    if "litertlm" not in formats:
+        return None
+    return litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths)
+
+
+def _files(model, decoder, formats, attention: str, plan, ids: dict) -> dict:
+    """The content of each file of `formats` by name (`ids`: genai_config's token ids)."""
+    files = {}
+    if "onnx" in formats:
+        files["model.onnx"] = decoder_onnx(decoder, attention)
+        files["genai_config.json"] = genai_config(decoder, **ids)
+    if "litert" in formats:
+        files["model.tflite"] = decoder_litert(decoder)
+    if plan is not None:
+        files["model.litertlm"] = litertlm_file(model, plan)
+    return files
 
 
 def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
@@ -182,6 +183,19 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
         "litertlm": ["model.litertlm"],
     }
     return [name for kind in formats for name in names[kind]]
+
+
+def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
+    """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
+    `checked` its `(model, decoder, reference, length)`) and LiteRT-LM's engine's text."""
+    model = checked[0]
+    runtimes = _runtimes(staging, formats, max_length)
+    report = _verify(*checked[:3], runtimes, checked[3], progress) if runtimes else {"cases": []}
+    if plan is not None:
+        progress.say("generating text in LiteRT-LM's engine")
+        path = staging / "model.litertlm"
+        report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+    return report
 
 
 def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
