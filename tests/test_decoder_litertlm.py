@@ -138,3 +138,12 @@ def test_refusals_name_the_problem_and_write_nothing(causal_lm, tmp_path, monkey
     )
     monkeypatch.setattr(causal_lm.preprocessor.tokenizer, "end_token_id", 1000)
     _refused(causal_lm, tmp_path / "e", r"token ids \[1000\] are outside the vocabulary")
+
+
+def test_a_byte_pair_tokenizer_is_refused_by_name(causal_lm, tmp_path, monkeypatch):
+    import keras_hub
+
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}
+    byte_pair = keras_hub.tokenizers.BytePairTokenizer(vocabulary=vocabulary, merges=["a b"])
+    monkeypatch.setattr(causal_lm.preprocessor, "tokenizer", byte_pair)
+    _refused(causal_lm, tmp_path / "out", "BytePairTokenizer is not one")
