@@ -26,6 +26,7 @@ from keras_posenc.export.decoder.failed_report import (
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy import onnx_greedy
+from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
@@ -35,7 +36,7 @@ from keras_posenc.export.files import whole_or_nothing, write_json, written_by_p
 from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
-FORMATS = ("onnx", "litert")
+FORMATS = ("onnx", "litert", "litertlm")
 DEFAULT_FORMATS = ("onnx",)
 
 
@@ -73,21 +74,15 @@ def save_decoder(
     bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    prefill_lengths: tuple[int, ...] | None = None,
     verbose: int = 1,
 ) -> dict:
-    """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
+    """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
-    `model` is a step model made as `keras_posenc.decoder_models` makes it (Embedding,
-    `DecoderBlock`s, RMSNormalization, Dense head; anything else is refused with an
-    error naming the layer), or a keras_hub CausalLM of the families
-    `keras_posenc.keras_hub` reads (verified against keras_hub's own greedy generation;
-    docs/keras_hub.md). The ONNX file has onnxruntime-genai's decoder interface
-    (`input_ids`, `attention_mask` -> `logits`, `past_key_values.{i}.key|value` ->
-    `present.{i}.key|value` of shape `(batch, num_key_value_heads, max_length, head_dim)`,
-    one buffer per layer bound as both); a token's position is the count of 1s before it
-    in its row of `attention_mask` (left padding). The LiteRT file has litert-torch's
-    `prefill` and `decode` signatures (`tokens`, `input_pos`, `mask`,
-    `kv_cache_k_{i}|v_{i}` -> `logits` and the updated caches; see `litert_decoder.py`).
+    `model` is a step model made as `keras_posenc.decoder_models` makes it, or a keras_hub
+    CausalLM of the families `keras_posenc.keras_hub` reads (docs/keras_hub.md); anything
+    else is refused naming the layer. The files' interfaces: docs/decoding.md (the ONNX file
+    onnxruntime-genai's, the LiteRT file litert-torch's `prefill` / `decode` signatures).
 
     Example:
 
@@ -106,8 +101,8 @@ def save_decoder(
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
-            `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
-            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB).
+            `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
+            (`model.litertlm`, docs/litertlm.md); LiteRT's converter is far slower.
         bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
             mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
             verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
@@ -117,13 +112,15 @@ def save_decoder(
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`, inside the
             vocabulary; None: a keras_hub tokenizer's, else 0 (eos: the pad id, with a
             warning; `special_tokens.py`).
+        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (1 to `max_length - 1`;
+            None: `litertlm_model.DEFAULT_PREFILL_LENGTHS`).
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
         `folder/verification.json`; each case has one result per runtime (`"onnxruntime"`,
-        `"litert"`, and `"onnxruntime-genai"` where it is installed: `genai_runtime.py`).
+        `"litert"`, and `"onnxruntime-genai"` where installed); `"litertlm"`: LiteRT-LM's text.
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
@@ -135,23 +132,27 @@ def save_decoder(
             nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
-    check_id_types(bos_token_id, eos_token_id, pad_token_id)
+    ids = (bos_token_id, eos_token_id, pad_token_id)
+    check_id_types(*ids)
     progress = Progress(check_verbose(verbose), folder)
     progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = _files(model, decoder, attention, formats, (bos_token_id, eos_token_id, pad_token_id))
+    files = _files(
+        model, decoder, formats, attention, plan, (bos_token_id, eos_token_id, pad_token_id)
+    )
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
-            runtimes = _runtimes(staging, formats, max_length)
-            report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
+            checked = (model, decoder, reference, min(max_length, slots))
+            report = _verified(checked, staging, formats, max_length, plan, progress)
             report["attention"] = attention
             report["keras_backend"] = keras.backend.backend()  # what the reference ran on
             report["formats"] = list(formats)
-            message = failure_message(report)
+            message = failure_message(report) or litertlm_failure(report)
             if message is not None:
                 message += keep_failed_report(report, folder)
                 raise VerificationError(message, report)
@@ -163,6 +164,36 @@ def save_decoder(
     return report
 
 
+def _plan(model, decoder, formats, max_length: int, prefill_lengths):
+    """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
+    file is written."""
+    if "litertlm" not in formats:
+        return None
+    from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
+    from keras_posenc.export.decoder.litertlm_model import DEFAULT_PREFILL_LENGTHS
+
+    lengths = DEFAULT_PREFILL_LENGTHS if prefill_lengths is None else prefill_lengths
+    return litertlm_plan(model, decoder.vocabulary, max_length, lengths)
+
+
+def _files(model, decoder, formats, attention: str, plan, token_ids: tuple) -> dict:
+    """The content of each file of `formats` by name (`token_ids`: genai_config's bos, eos
+    and pad ids, checked against the vocabulary first)."""
+    files = {}
+    if "onnx" in formats:
+        ids = special_ids(model, decoder.vocabulary, *token_ids)
+        files["model.onnx"] = decoder_onnx(decoder, attention)
+        files["genai_config.json"] = genai_config(decoder, **ids)
+        files.update(tokenizer_files(model))
+    if "litert" in formats:
+        files["model.tflite"] = decoder_litert(decoder)
+    if plan is not None:
+        from keras_posenc.export.decoder.litertlm import litertlm_file  # imports TensorFlow
+
+        files["model.litertlm"] = litertlm_file(model, plan)
+    return files
+
+
 def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
     """`(formats, max_length)` checked, before any work."""
     if attention not in ATTENTIONS:
@@ -170,14 +201,32 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    if "litert" in formats:  # its converter reads a TensorFlow graph
-        requires_tensorflow("save_decoder(formats=litert)")
+    for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
+        if kind in formats:
+            requires_tensorflow(f"save_decoder(formats={kind})")
     return formats, checked_max_length(max_length, verify)
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
-    names = {"onnx": ["model.onnx", "genai_config.json"], "litert": ["model.tflite"]}
+    names = {
+        "onnx": ["model.onnx", "genai_config.json"],
+        "litert": ["model.tflite"],
+        "litertlm": ["model.litertlm"],
+    }
     return [name for kind in formats for name in names[kind]]
+
+
+def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
+    """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
+    `checked` its `(model, decoder, reference, length)`) and LiteRT-LM's engine's text."""
+    model = checked[0]
+    runtimes = _runtimes(staging, formats, max_length)
+    report = _verify(*checked[:3], runtimes, checked[3], progress) if runtimes else {"cases": []}
+    if plan is not None:
+        progress.say("generating text in LiteRT-LM's engine")
+        path = staging / "model.litertlm"
+        report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+    return report
 
 
 def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
@@ -215,19 +264,6 @@ def _described(model, max_length: int, bfloat16: str):
         return model, decoder, bridge.keras_hub_greedy(model), max_length
     model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
     return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
-
-
-def _files(model, decoder, attention: str, formats: tuple[str, ...], token_ids: tuple) -> dict:
-    """The files to write, by name (the special ids checked against the vocabulary first)."""
-    files = {}
-    if "onnx" in formats:
-        ids = special_ids(model, decoder.vocabulary, *token_ids)
-        files["model.onnx"] = decoder_onnx(decoder, attention)
-        files["genai_config.json"] = genai_config(decoder, **ids)
-        files.update(tokenizer_files(model))
-    if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
-    return files
 
 
 def _write(files: dict, staging: Path) -> None:
