@@ -14,12 +14,9 @@ SMALL = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 32}
 LLAMA = {"rope_type": "dynamic", "factor": 8.0, "max_position_embeddings": 2048}
 
 CASES = {
-    "start_40": {"scaling": SMALL, "dim": 64, "start": 40, "length": 8},
     "start_1000": {"scaling": SMALL, "dim": 64, "start": 1000, "length": 8},
-    "start_100000": {"scaling": SMALL, "dim": 64, "start": 100_000, "length": 8},
     "start_2^20": {"scaling": SMALL, "dim": 64, "start": 2**20 - 8, "length": 8},
     "llama_start_2^20": {"scaling": LLAMA, "dim": 128, "start": 2**20 - 6, "length": 6},
-    "llama_start_3000": {"scaling": LLAMA, "dim": 128, "start": 2995, "length": 6},
     "positions": {
         "scaling": SMALL,
         "dim": 64,
