@@ -134,7 +134,17 @@ def rope_parameters(rotary_dim: int, max_wavelength: float, scaling: dict | None
         return _llama3(omega, scaling)
     if rope_type == "proportional":
         return _proportional(omega, rotary_dim, scaling)
-    return _longrope(omega, rotary_dim, scaling)
+    if rope_type == "longrope":
+        return _longrope(omega, rotary_dim, scaling)
+    if rope_type == "axial":
+        raise ValueError(
+            "rope_type 'axial' (transformers' 2D vision RoPE) turns pairs by two coordinates, "
+            "not one scaling of one axis: use RotaryEmbedding(axes_dims=(d/2, d/2)) with "
+            "positions (tokens, 2), which RotaryEmbedding.from_transformers_config reads."
+        )
+    raise ValueError(
+        f"rope_type {rope_type!r} has no frequencies here; expected one of {tuple(ROPE_TYPES)}."
+    )
 
 
 def _yarn(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:

@@ -119,6 +119,5 @@ def test_an_unknown_rope_type_is_an_error_not_another_type(monkeypatch):
     # A type the key table knows but the frequencies do not: refused by name, never read
     # as longrope (the last case of `rope_parameters`).
     monkeypatch.setitem(scaling_keys.ROPE_TYPES, "made_up", ((), ()))
-    with pytest.raises(ValueError, match=r"made_up") as error:
+    with pytest.raises(ValueError, match=r"rope_type 'made_up' has no frequencies"):
         rope_parameters(16, 1e4, {"rope_type": "made_up"})
-    assert "longrope" not in str(error.value)
