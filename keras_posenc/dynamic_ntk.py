@@ -123,7 +123,7 @@ class DynamicFrequencies:
         known = t.static_value(total_length)
         if known is not None and not t.is_symbolic(known) and np.ndim(known) == 0:
             return tuple(ops.convert_to_tensor(a) for a in self.host_turns(int(known)))
-        return self.traced_turns(total_length)
+        return t.apart(lambda: self.traced_turns(total_length), total_length, self.pairs)
 
     def traced_turns(self, total_length) -> tuple:
         """`turns` with float32 arithmetic only, for a length known at run time.

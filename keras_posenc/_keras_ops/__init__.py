@@ -64,6 +64,7 @@ from keras_posenc._keras_ops.rows import (  # noqa: F401
     validity,
 )
 from keras_posenc._keras_ops.tables import (  # noqa: F401
+    apart,
     channel_tables,
     encoding,
     exact_sin_cos,

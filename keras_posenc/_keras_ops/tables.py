@@ -87,6 +87,17 @@ def _run_by_slices(frequencies, start, length: int):
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
+def apart(compute: Callable, guard, width: int) -> tuple:
+    """`_tf.apart` here: under `jax.jit` (a traced `guard`) a `jax.lax.cond` keeps
+    `compute` out of the fused kernels of the rows; elsewhere plain `compute()`."""
+    if keras.backend.backend() != "jax" or not is_traced(guard):
+        return compute()
+    import jax
+
+    zeros = ops.zeros((width,), "float32")
+    return tuple(jax.lax.cond(guard >= 0, lambda: tuple(compute()), lambda: (zeros, zeros)))
+
+
 def _words(high, low):
     """`_tf.tables._fixed_point_words` here (the same grid roundings)."""
     w1 = ops.round(high * 4096.0) * (1.0 / 4096.0)

@@ -57,6 +57,25 @@ def _fixed_point_words(high, low, round_):
     return w1, w2, w3, rest - w3
 
 
+def apart(compute: Callable, guard, width: int) -> tuple:
+    """`compute()` (two `(width,)` tensors), under XLA as its own computation.
+
+    XLA would copy the many small steps of `compute` (dynamic NTK's frequency arithmetic)
+    into the fused kernel of every row that uses them, and compiling those kernels then
+    takes minutes for a few hundred positions. A conditional on a run-time `guard`
+    (always true: a total length is never negative) keeps them apart. Elsewhere (graphs,
+    eager, exported files) plain `compute()`.
+    """
+    from keras_posenc._tf.tracing import in_xla_context
+
+    if not in_xla_context():
+        return compute()
+    zeros = tf.zeros([width], tf.float32)
+    return tuple(
+        tf.cond(tf.cast(guard, tf.int32) >= 0, lambda: tuple(compute()), lambda: (zeros, zeros))
+    )
+
+
 _TURN = 2**31  # one turn in the fixed-point sum below
 
 
