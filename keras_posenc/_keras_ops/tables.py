@@ -120,7 +120,10 @@ def exact_sin_cos(positions, turns: tuple):
     position_low = positions % 4096
     position_high = ops.cast(positions - position_low, "float32")
     position_low = ops.cast(position_low, "float32")
-    products = [p * w for p in (position_high, position_low) for w in words[:3]]  # exact
+    # Exact products; position_high · w1 is left out: a multiple of 4096 times a multiple
+    # of 2^-12 is a whole number of turns.
+    products = [position_low * words[0]]
+    products += [p * w for p in (position_high, position_low) for w in words[1:3]]
     products.append((position_high + position_low) * words[3])  # below 2^-13: rounded once
     fixed = ops.zeros((), wide)
     for product in products:
