@@ -262,7 +262,7 @@ def test_axial_scores_depend_only_on_the_offset_along_each_axis():
         ({"axes_dims": (4, 3)}, r"positive even integers"),
         ({"axes_dims": (8,)}, r"two or more axes"),
         ({"mrope_section": (2, 2, 2), "rotary_dim": 8}, r"counts 6 channel pairs, but 8"),
-        ({"mrope_section": (2, 0, 2)}, r"positive integers"),
+        ({"mrope_section": (2, -1, 2)}, r"non-negative integers"),
         ({"axes_dims": (4, 4), "mrope_section": (2, 2)}, r"not both"),
         (
             {

@@ -363,7 +363,7 @@ def test_one_layer_type_needs_no_choice_and_a_wrong_one_is_refused():
         ),
         (
             {**QWEN2_VL, "rope_scaling": {"type": "mrope", "mrope_section": [16, "24", 24]}},
-            "mrope_section.*positive integers",
+            "mrope_section.*non-negative integers",
         ),
         ({**LLAMA31, "partial_rotary_factor": 0.5}, "partial_rotary_factor.*remove it"),
         (
