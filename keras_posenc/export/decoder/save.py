@@ -3,15 +3,24 @@ verified before it is kept."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+from keras_posenc.export.decoder import progress as progress_lines
 from keras_posenc.export.decoder.check import failure_message, verify_decoder, widest_window
 from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
+from keras_posenc.export.decoder.progress import Progress, reporting
+from keras_posenc.export.decoder.weights_file import (
+    plan_weights,
+    session_options,
+    use_external_data,
+    write_onnx,
+)
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json
 from keras_posenc.export.precision import exportable_model
@@ -24,7 +33,9 @@ DEFAULT_FORMATS = ("onnx",)
 def _onnx_runtime(path: Path, max_length: int):
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(path), session_options(), providers=["CPUExecutionProvider"]
+    )
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
@@ -46,6 +57,8 @@ def save_decoder(
     bos_token_id: int = 0,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
+    external_data: bool | None = None,
+    verbose: int = 1,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
 
@@ -86,6 +99,10 @@ def save_decoder(
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        external_data: whether the weights go to `model.onnx.data` next to `model.onnx`
+            (onnx's external data; `weights_file.py`): `None` when they pass 2 GB (what
+            one protobuf holds), or `True` / `False` to force it.
+        verbose: `0` quiet, `1` each phase and layer progress on stderr.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -102,27 +119,22 @@ def save_decoder(
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    use_external_data(0, external_data)  # a wrong value, before any work
+    progress = Progress(verbose).phase("describe")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
-    files = {}
-    if "onnx" in formats:
-        files["model.onnx"] = decoder_onnx(decoder, attention)
-        files["genai_config.json"] = genai_config(
-            decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
-        )
-    if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
-    with whole_or_nothing(folder, kind="folder") as staging:
-        _write(files, staging)
+    external = plan_weights(decoder, folder, formats, external_data)
+    ids = dict(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    files = _files(decoder, formats, attention, ids, progress)
+    vocabulary, window = decoder.vocabulary, widest_window(decoder)
+    with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
+        _write(files, staging, external)
+        files = decoder = None  # the description's weights: not held while verifying
         report = {}
         if verify:
-            report = verify_decoder(
-                model,
-                _runtimes(staging, formats, max_length),
-                min(max_length, slots),
-                decoder.vocabulary,
-                reference,
-                widest_window(decoder),
-            )
+            progress.phase("verify")
+            runtimes = _runtimes(staging, formats, max_length)
+            slots = min(max_length, slots)
+            report = verify_decoder(model, runtimes, slots, vocabulary, reference, window)
             report["attention"] = attention
             report["formats"] = list(formats)
             message = failure_message(report)
@@ -147,13 +159,27 @@ def _described(model, max_length: int, bfloat16: str):
     return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
 
 
-def _write(files: dict, staging: Path) -> None:
-    import onnx
+def _files(decoder, formats: tuple[str, ...], attention: str, ids: dict, progress) -> dict:
+    """The files to write by name; `model.onnx` as the function that emits it, called in
+    the staging folder so that its weights stream to their file (`weights_file.py`)."""
+    files = {}
+    if "onnx" in formats:
+        files["model.onnx"] = functools.partial(decoder_onnx, decoder, attention)
+        files["genai_config.json"] = genai_config(decoder, **ids)
+    if "litert" in formats:
+        progress.phase("write model.tflite")
+        files["model.tflite"] = decoder_litert(decoder)
+    return files
 
+
+def _write(files: dict, staging: Path, external: int | None = None) -> None:
+    """Writes `files` into `staging`; `model.onnx`'s weights into `model.onnx.data` where
+    `external` (the bytes expected) is given."""
     staging.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         if name.endswith(".onnx"):
-            onnx.save_model(content, staging / name)
+            progress_lines.phase(f"write {name}")
+            write_onnx(content, staging / name, external)
         elif name.endswith(".json"):
             write_json(content, staging / name)
         else:

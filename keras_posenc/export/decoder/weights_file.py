@@ -1,0 +1,203 @@
+"""A decoder's weights streamed to `model.onnx.data` as its graph is written (external data).
+
+A protobuf holds at most 2 GB, so a float32 decoder above ~500M parameters cannot be one
+`model.onnx`. Past `EXTERNAL_DATA_LIMIT` (or when asked), `save_decoder` writes the graph
+to `model.onnx` and every initializer of `MIN_EXTERNAL_BYTES` or more to `model.onnx.data`
+(onnx's external-data format, the file name onnxruntime-genai's model builder uses). The
+bytes go to the file as each initializer is made (`streaming`): the `ModelProto` holds
+only the references (`location`, `offset`, `length`; the location relative to the model,
+so the folder can be moved), never a second copy of the weights, and no serialized copy
+of the whole model is made. Each tensor starts at a multiple of `ALIGNMENT` bytes, so
+that onnxruntime can map it from the file rather than read it into memory it allocates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from keras_posenc.export.errors import ExportError
+
+DATA_NAME = "model.onnx.data"
+# Protobuf's limit on one serialized message (2 GiB); the graph itself adds a little.
+EXTERNAL_DATA_LIMIT = 2**31 - 2**24
+MIN_EXTERNAL_BYTES = 1024  # smaller ones (shapes, scalars) stay in the graph, as onnx does
+ALIGNMENT = 65536  # the allocation granularity mmap needs on every platform (Windows: 64 KiB)
+# What a flatbuffer (LiteRT's `.tflite`) can address.
+LITERT_LIMIT = 2**31
+
+_SINK: contextvars.ContextVar[WeightsFile | None] = contextvars.ContextVar(
+    "keras_posenc_weights_file", default=None
+)
+
+
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array whose buffer `array` views (itself when it owns its data)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def weight_bytes(description) -> int:
+    """The bytes of the arrays a `Decoder` holds, each buffer once (a tied head, a view of
+    the embedding, counts once): what its files hold, to within the graph and padding."""
+    seen, total = set(), 0
+
+    def visit(value) -> None:
+        nonlocal total
+        if isinstance(value, np.ndarray):
+            root = _root(value)
+            if id(root) not in seen:
+                seen.add(id(root))
+                total += root.nbytes
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for field in dataclasses.fields(value):
+                visit(getattr(value, field.name))
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                visit(item)
+
+    visit(description)
+    return total
+
+
+def use_external_data(size: int, external_data: bool | None) -> bool:
+    """Whether weights of `size` bytes go to `model.onnx.data` (`None`: past the limit)."""
+    if external_data not in (None, True, False):
+        raise ValueError(f"external_data must be None, True or False, got {external_data!r}.")
+    return size > EXTERNAL_DATA_LIMIT if external_data is None else external_data
+
+
+def check_room(folder: str | os.PathLike, size: int) -> None:
+    """Refuses, before anything is written, a disk without room for `size` bytes next to
+    `folder` (where its staging folder goes)."""
+    parent = Path(folder).absolute().parent
+    if not parent.is_dir():
+        return  # whole_or_nothing names the missing folder
+    free = shutil.disk_usage(parent).free
+    if free < size:
+        raise ExportError(
+            f"The decoder's files need about {size:,} bytes and the disk holding "
+            f"{str(parent)!r} has {free:,} free; free {size - free:,} bytes or choose a "
+            "folder on another disk. Nothing was written."
+        )
+
+
+def refuse_large_litert(size: int) -> None:
+    """LiteRT's flatbuffer addresses 2 GB: refused before the converter runs."""
+    if size >= LITERT_LIMIT:
+        raise ExportError(
+            f"The decoder's weights take {size:,} bytes, and a LiteRT file (a flatbuffer) "
+            f"holds at most {LITERT_LIMIT:,}; export it with formats=('onnx',) (model.onnx "
+            "with its weights in model.onnx.data), or quantize it first."
+        )
+
+
+def plan_weights(
+    description, folder: str | os.PathLike, formats: tuple[str, ...], external_data
+) -> int | None:
+    """The bytes `model.onnx.data` will take, or None for weights in `model.onnx`;
+    refuses LiteRT past its limit and a disk without room for the files, before any
+    file is written."""
+    size = weight_bytes(description)
+    if "litert" in formats:
+        refuse_large_litert(size)
+    check_room(folder, size * len(formats))
+    return size if use_external_data(size, external_data) else None
+
+
+class WeightsFile:
+    """`model.onnx.data` being written: `tensor(name, array)` appends `array`'s bytes and
+    returns the `TensorProto` that refers to them."""
+
+    def __init__(self, path: str | os.PathLike, expected: int | None = None):
+        self.path = Path(path)
+        self.expected = expected  # for the error that names the bytes needed
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by `close`)
+        self.size = 0
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        array = np.ascontiguousarray(array)  # a copy only for views (a tied head's transpose)
+        if array.dtype.byteorder == ">":  # ONNX's raw data is little-endian
+            array = array.astype(array.dtype.newbyteorder("<"))
+        offset = -self.size % ALIGNMENT + self.size
+        self._write(b"\0" * (offset - self.size))
+        self._write(memoryview(array.reshape(-1)).cast("B"))
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.dims.extend(array.shape)
+        tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", offset)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "length", str(array.nbytes)
+        return tensor
+
+    def _write(self, data) -> None:
+        try:
+            self._file.write(data)
+            self.size += len(data)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            needed = f"about {self.expected:,} bytes" if self.expected else "more room"
+            raise OSError(
+                error.errno,
+                f"The disk ran out of room writing {self.path.name} ({needed} needed, "
+                f"{self.size:,} written); free some or choose a folder on another disk. "
+                "Nothing was kept.",
+                str(self.path),
+            ) from error
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@contextlib.contextmanager
+def streaming(path: str | os.PathLike, expected: int | None = None) -> Iterator[WeightsFile]:
+    """While open, every `GraphBuilder.initializer` of `MIN_EXTERNAL_BYTES` or more goes
+    to the file at `path` (see the module docstring)."""
+    weights = WeightsFile(path, expected)
+    token = _SINK.set(weights)
+    try:
+        yield weights
+    finally:
+        _SINK.reset(token)
+        weights.close()
+
+
+def write_onnx(emit, path: Path, expected: int | None = None) -> None:
+    """Writes the model `emit()` makes to `path`: in one file, or (`expected`, the bytes
+    the weights take, given) with its weights streamed to `path.name + ".data"` next to it
+    as `emit` makes them (`emit` may also be a ModelProto, written in one file)."""
+    if expected is None:
+        onnx.save_model(emit() if callable(emit) else emit, path)
+        return
+    with streaming(path.with_name(path.name + ".data"), expected):
+        model = emit()
+    with open(path, "wb") as file:
+        file.write(model.SerializeToString())
+
+
+def session_options():
+    """onnxruntime's options for a session of a file written here."""
+    import onnxruntime
+
+    return onnxruntime.SessionOptions()
+
+
+def current() -> WeightsFile | None:
+    """The weights file initializers stream to now, or None (they stay in the graph)."""
+    return _SINK.get()
