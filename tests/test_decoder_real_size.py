@@ -16,6 +16,9 @@ import onnx
 import onnxruntime
 import pytest
 from decoder_reference import reference_greedy
+from keras_hub_models import MAX_LENGTH as HUB_LENGTH
+from keras_hub_models import tiny_causal_lm
+from onnx import numpy_helper
 from test_decoder_save import MAX_LENGTH, VOCABULARY, step_model
 
 from keras_posenc.export import save_decoder
@@ -107,6 +110,35 @@ def test_external_data_follows_the_limit_unless_forced(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="external_data must be"):
         save_decoder(model, tmp_path / "bad", max_length=MAX_LENGTH, external_data="yes")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+def test_a_tied_head_is_stored_once(tmp_path, external):
+    causal_lm = tiny_causal_lm("llama3", tie_word_embeddings=True)
+    table = np.asarray(causal_lm.backbone.token_embedding.embeddings)
+    folder = tmp_path / "out"
+    report = save_decoder(
+        causal_lm, folder, max_length=HUB_LENGTH, external_data=external, verbose=0
+    )
+    assert report["passed"]
+    model = onnx.load(str(folder / "model.onnx"))  # with its external data
+    copies = [
+        t.name
+        for t in model.graph.initializer
+        if sorted(t.dims) == sorted(table.shape)
+        and any(
+            np.array_equal(numpy_helper.to_array(t), candidate) for candidate in (table, table.T)
+        )
+    ]
+    assert copies == ["lm_head"]
+    stored = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    assert stored < 2 * table.nbytes + _layer_bytes(causal_lm)
+
+
+def _layer_bytes(causal_lm) -> int:
+    embedding = causal_lm.backbone.token_embedding.embeddings
+    weights = causal_lm.backbone.weights
+    return sum(int(np.prod(w.shape)) * 4 for w in weights if w is not embedding) + 2**16
 
 
 def test_litert_past_its_limit_is_refused_before_any_work(tmp_path, monkeypatch):
