@@ -229,13 +229,14 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         embedding=table,
         blocks=blocks,
         final_norm=_norm(getattr(backbone, "layer_norm", None) or backbone.norm, owner),
-        head=np.ascontiguousarray(head),
+        head=head,
         head_bias=None,
         rope=first_rope,
         max_length=max_length,
         embedding_scale=scale,
         final_softcap=float(caps[0]) if caps else 0.0,
         per_layer_inputs=gemma4_per_layer_inputs(backbone, owner),
+        tied_head=bool(embedding.tie_weights),
     )
 
 
