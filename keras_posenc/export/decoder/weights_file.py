@@ -32,6 +32,7 @@ DATA_NAME = "model.onnx.data"
 # Protobuf's limit on one serialized message (2 GiB); the graph itself adds a little.
 EXTERNAL_DATA_LIMIT = 2**31 - 2**24
 MIN_EXTERNAL_BYTES = 1024  # smaller ones (shapes, scalars) stay in the graph, as onnx does
+CHUNK_BYTES = 2**26  # a view's bytes are copied this much at a time
 ALIGNMENT = 65536  # the allocation granularity mmap needs on every platform (Windows: 64 KiB)
 # What a flatbuffer (LiteRT's `.tflite`) can address.
 LITERT_LIMIT = 2**31
@@ -127,12 +128,17 @@ class WeightsFile:
         self.size = 0
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
-        array = np.ascontiguousarray(array)  # a copy only for views (a tied head's transpose)
         if array.dtype.byteorder == ">":  # ONNX's raw data is little-endian
             array = array.astype(array.dtype.newbyteorder("<"))
         offset = -self.size % ALIGNMENT + self.size
         self._write(b"\0" * (offset - self.size))
-        self._write(memoryview(array.reshape(-1)).cast("B"))
+        if array.flags.c_contiguous:
+            self._write(memoryview(array.reshape(-1)).cast("B"))
+        else:  # a view (a tied head's transpose): copied a block of rows at a time
+            rows = max(1, CHUNK_BYTES // max(1, array[:1].nbytes))
+            for start in range(0, len(array), rows):
+                block = np.ascontiguousarray(array[start : start + rows])
+                self._write(memoryview(block.reshape(-1)).cast("B"))
         tensor = TensorProto()
         tensor.name = name
         tensor.dims.extend(array.shape)
