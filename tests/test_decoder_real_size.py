@@ -88,6 +88,27 @@ def test_forced_external_data_writes_a_verified_pair_of_files(tmp_path):
         assert _genai_tokens(folder, prompt, 4) == list(expected[0][0, :4])
 
 
+def test_weights_streamed_into_one_file_parse_as_one_model(tmp_path, monkeypatch):
+    """Below the limit, the large tensors are written into model.onnx as they are made
+    (each as a ModelProto fragment that protobuf merges): one file, every weight inline."""
+    monkeypatch.setattr(weights_file, "INLINE_BYTES", 4096)
+    model = step_model()
+    folder = tmp_path / "out"
+    report = save_decoder(model, folder, max_length=MAX_LENGTH, verbose=0)
+    assert report["passed"]
+    assert sorted(p.name for p in folder.iterdir() if p.suffix != ".json") == [
+        ".keras-posenc-files",
+        "model.onnx",
+    ]
+    # The file opens with a graph fragment (ModelProto field 7), not the model's header.
+    assert (folder / "model.onnx").read_bytes()[:1] == bytes([7 << 3 | 2])
+    loaded = onnx.load(str(folder / "model.onnx"))
+    assert not _external(folder)
+    sizes = {t.name: numpy_helper.to_array(t).nbytes for t in loaded.graph.initializer}
+    assert sizes["embed_tokens"] == VOCABULARY * 64 * 4 and len(set(sizes)) == len(sizes)
+    _greedy_matches_keras(model, folder)
+
+
 def test_the_folder_can_be_moved(tmp_path):
     model = step_model()
     save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, external_data=True, verify=False)

@@ -30,12 +30,12 @@ class GraphBuilder:
         return name
 
     def initializer(self, base: str, array: np.ndarray) -> str:
-        """A named initializer (a weight, a table); in `model.onnx.data` while a weights
-        file is open (`weights_file.streaming`) and it is not a small constant."""
+        """A named initializer (a weight, a table); written to the file at once while a
+        weights file is open (`weights_file.streaming`) and it is not a small constant."""
         name = self.name(base)
         weights = weights_file.current()
         array = np.asarray(array)
-        if weights is not None and array.nbytes >= weights_file.MIN_EXTERNAL_BYTES:
+        if weights is not None and weights.takes(array):
             self.initializers.append(weights.tensor(name, array))
         else:
             self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))

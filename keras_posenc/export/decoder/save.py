@@ -122,12 +122,12 @@ def save_decoder(
     use_external_data(0, external_data)  # a wrong value, before any work
     progress = Progress(verbose).phase("describe")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
-    external = plan_weights(decoder, folder, formats, external_data)
+    plan = plan_weights(decoder, folder, formats, external_data)
     ids = dict(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     files = _files(decoder, formats, attention, ids, progress)
     vocabulary, window = decoder.vocabulary, widest_window(decoder)
     with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
-        _write(files, staging, external)
+        _write(files, staging, plan)
         files = decoder = None  # the description's weights: not held while verifying
         report = {}
         if verify:
@@ -172,14 +172,13 @@ def _files(decoder, formats: tuple[str, ...], attention: str, ids: dict, progres
     return files
 
 
-def _write(files: dict, staging: Path, external: int | None = None) -> None:
-    """Writes `files` into `staging`; `model.onnx`'s weights into `model.onnx.data` where
-    `external` (the bytes expected) is given."""
+def _write(files: dict, staging: Path, plan=None) -> None:
+    """Writes `files` into `staging`, `model.onnx` as `plan` says (`weights_file.py`)."""
     staging.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         if name.endswith(".onnx"):
             progress_lines.phase(f"write {name}")
-            write_onnx(content, staging / name, external)
+            write_onnx(content, staging / name, plan)
         elif name.endswith(".json"):
             write_json(content, staging / name)
         else:

@@ -9,6 +9,9 @@ only the references (`location`, `offset`, `length`; the location relative to th
 so the folder can be moved), never a second copy of the weights, and no serialized copy
 of the whole model is made. Each tensor starts at a multiple of `ALIGNMENT` bytes, so
 that onnxruntime can map it from the file rather than read it into memory it allocates.
+
+Below the limit the weights stream the same way into `model.onnx` itself (`WeightsFile`'s
+inline form), so that a one-file export never holds the weights twice either.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ DATA_NAME = "model.onnx.data"
 # Protobuf's limit on one serialized message (2 GiB); the graph itself adds a little.
 EXTERNAL_DATA_LIMIT = 2**31 - 2**24
 MIN_EXTERNAL_BYTES = 1024  # smaller ones (shapes, scalars) stay in the graph, as onnx does
+# Below the limit, tensors of this size or more are streamed into model.onnx itself; smaller
+# ones (RoPE tables of short caches, norms) stay in the ModelProto, as they always did.
+INLINE_BYTES = 2**20
 CHUNK_BYTES = 2**26  # a view's bytes are copied this much at a time
 ALIGNMENT = 65536  # the allocation granularity mmap needs on every platform (Windows: 64 KiB)
 # What a flatbuffer (LiteRT's `.tflite`) can address.
@@ -104,45 +110,88 @@ def refuse_large_litert(size: int) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How `model.onnx` is written: `size` bytes of weights, in `model.onnx.data` or not."""
+
+    size: int
+    external: bool
+
+
 def plan_weights(
     description, folder: str | os.PathLike, formats: tuple[str, ...], external_data
-) -> int | None:
-    """The bytes `model.onnx.data` will take, or None for weights in `model.onnx`;
-    refuses LiteRT past its limit and a disk without room for the files, before any
-    file is written."""
+) -> Plan:
+    """Where the weights go; refuses LiteRT past its limit and a disk without room for
+    the files, before any file is written."""
     size = weight_bytes(description)
     if "litert" in formats:
         refuse_large_litert(size)
     check_room(folder, size * len(formats))
-    return size if use_external_data(size, external_data) else None
+    return Plan(size, use_external_data(size, external_data))
+
+
+def _key(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # a length-delimited field
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+# Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
+_GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9
 
 
 class WeightsFile:
-    """`model.onnx.data` being written: `tensor(name, array)` appends `array`'s bytes and
-    returns the `TensorProto` that refers to them."""
+    """The file the weights stream to: `tensor(name, array)` writes `array`'s bytes and
+    returns a `TensorProto` without them (its `external_data` says where they are).
 
-    def __init__(self, path: str | os.PathLike, expected: int | None = None):
+    External (`model.onnx.data`): the bytes at the next multiple of `ALIGNMENT`, and the
+    tensor refers to them. Inline (`model.onnx` itself, below the limit): each tensor of
+    `INLINE_BYTES` or more is written as a ModelProto holding a graph that holds that one
+    initializer, and `finish(model)` appends the model without them. Protobuf merges the
+    repeated occurrences of an embedded message (`graph`) and appends repeated fields
+    (`initializer`), so the file parses as one model holding every initializer, written
+    without ever holding the weights as protobuf bytes.
+    """
+
+    def __init__(self, path: str | os.PathLike, expected: int | None = None, inline=False):
         self.path = Path(path)
         self.expected = expected  # for the error that names the bytes needed
+        self.inline = inline
         self._file = open(self.path, "wb")  # noqa: SIM115 (closed by `close`)
         self.size = 0
+        self._streamed: set[str] = set()
+
+    def takes(self, array: np.ndarray) -> bool:
+        """Whether `array` goes to the file (smaller ones stay in the graph)."""
+        return array.nbytes >= (INLINE_BYTES if self.inline else MIN_EXTERNAL_BYTES)
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
         if array.dtype.byteorder == ">":  # ONNX's raw data is little-endian
             array = array.astype(array.dtype.newbyteorder("<"))
-        offset = -self.size % ALIGNMENT + self.size
-        self._write(b"\0" * (offset - self.size))
-        if array.flags.c_contiguous:
-            self._write(memoryview(array.reshape(-1)).cast("B"))
-        else:  # a view (a tied head's transpose): copied a block of rows at a time
-            rows = max(1, CHUNK_BYTES // max(1, array[:1].nbytes))
-            for start in range(0, len(array), rows):
-                block = np.ascontiguousarray(array[start : start + rows])
-                self._write(memoryview(block.reshape(-1)).cast("B"))
         tensor = TensorProto()
         tensor.name = name
         tensor.dims.extend(array.shape)
         tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        if self.inline:
+            header = tensor.SerializeToString()
+            raw = _key(_RAW_DATA) + _varint(array.nbytes)
+            length = len(header) + len(raw) + array.nbytes
+            initializer = _key(_INITIALIZER) + _varint(length)
+            self._write(_key(_GRAPH) + _varint(len(initializer) + length) + initializer)
+            self._write(header + raw)
+            offset = self.size
+        else:
+            offset = -self.size % ALIGNMENT + self.size
+            self._write(b"\0" * (offset - self.size))
+        self._write_array(array)
+        self._streamed.add(name)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.path.name), ("offset", offset)):
             entry = tensor.external_data.add()
@@ -150,6 +199,23 @@ class WeightsFile:
         entry = tensor.external_data.add()
         entry.key, entry.value = "length", str(array.nbytes)
         return tensor
+
+    def finish(self, model: onnx.ModelProto) -> None:
+        """Inline: appends `model` without the initializers already in the file."""
+        kept = [t for t in model.graph.initializer if t.name not in self._streamed]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        self._write(model.SerializeToString())
+
+    def _write_array(self, array: np.ndarray) -> None:
+        if array.flags.c_contiguous:
+            self._write(memoryview(array.reshape(-1)).cast("B"))
+            return
+        # A view (a tied head's transpose): copied a block of rows at a time.
+        rows = max(1, CHUNK_BYTES // max(1, array[:1].nbytes))
+        for start in range(0, len(array), rows):
+            block = np.ascontiguousarray(array[start : start + rows])
+            self._write(memoryview(block.reshape(-1)).cast("B"))
 
     def _write(self, data) -> None:
         try:
@@ -172,10 +238,12 @@ class WeightsFile:
 
 
 @contextlib.contextmanager
-def streaming(path: str | os.PathLike, expected: int | None = None) -> Iterator[WeightsFile]:
-    """While open, every `GraphBuilder.initializer` of `MIN_EXTERNAL_BYTES` or more goes
-    to the file at `path` (see the module docstring)."""
-    weights = WeightsFile(path, expected)
+def streaming(
+    path: str | os.PathLike, expected: int | None = None, inline: bool = False
+) -> Iterator[WeightsFile]:
+    """While open, `GraphBuilder.initializer` writes the arrays the file `takes` to it
+    (see `WeightsFile`)."""
+    weights = WeightsFile(path, expected, inline)
     token = _SINK.set(weights)
     try:
         yield weights
@@ -184,17 +252,19 @@ def streaming(path: str | os.PathLike, expected: int | None = None) -> Iterator[
         weights.close()
 
 
-def write_onnx(emit, path: Path, expected: int | None = None) -> None:
-    """Writes the model `emit()` makes to `path`: in one file, or (`expected`, the bytes
-    the weights take, given) with its weights streamed to `path.name + ".data"` next to it
-    as `emit` makes them (`emit` may also be a ModelProto, written in one file)."""
-    if expected is None:
-        onnx.save_model(emit() if callable(emit) else emit, path)
-        return
-    with streaming(path.with_name(path.name + ".data"), expected):
-        model = emit()
-    with open(path, "wb") as file:
-        file.write(model.SerializeToString())
+def write_onnx(emit, path: Path, plan: Plan | None = None) -> None:
+    """Writes the model `emit()` makes (as it makes it) to `path`, its weights in
+    `path.name + ".data"` next to it where `plan.external`. `emit` may also be a
+    ModelProto (then written as it is)."""
+    external = plan is not None and plan.external
+    target = path.with_name(path.name + ".data") if external else path
+    with streaming(target, plan and plan.size, inline=not external) as weights:
+        model = emit() if callable(emit) else emit
+        if not external:
+            weights.finish(model)
+    if external:
+        with open(path, "wb") as file:
+            file.write(model.SerializeToString())
 
 
 def session_options():
