@@ -94,6 +94,12 @@ def hf_folder(size: str, folder: Path) -> dict:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
+    # transformers 5 writes the scaling as `rope_parameters`, where keras_hub 0.32's
+    # converter does not look for it (it reads `rope_scaling`): written under both names.
+    config_file = folder / "config.json"
+    written = json.loads(config_file.read_text())
+    written["rope_scaling"] = dict(ROPE_SCALING)
+    config_file.write_text(json.dumps(written, indent=2))
     # The builder reads a tokenizer from the folder (for genai_config's token ids).
     words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(253))]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "<unk>"))
@@ -174,6 +180,7 @@ def export(hf: Path, out: Path) -> dict:
         "keras_hub_tokens": [int(t) for t in expected],
         "og_tokens": _og_tokens(out, prompt[0], len(expected)),
         "keras_hub_greedy_17_tokens_s": reference_s,
+        "keras_hub_rope_factor": backbone.rope_frequency_adjustment_factor,
     }
 
 
