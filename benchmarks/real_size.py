@@ -95,10 +95,13 @@ def hf_folder(size: str, folder: Path) -> dict:
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
     # transformers 5 writes the scaling as `rope_parameters`, where keras_hub 0.32's
-    # converter does not look for it (it reads `rope_scaling`): written under both names.
+    # converter does not look for it (it reads `rope_scaling`): written under both names,
+    # each with its rope_theta (transformers reads a legacy `rope_scaling` without one as
+    # rope_theta 10000).
     config_file = folder / "config.json"
     written = json.loads(config_file.read_text())
-    written["rope_scaling"] = dict(ROPE_SCALING)
+    written["rope_scaling"] = dict(ROPE_SCALING, rope_theta=500000.0)  # both read it
+    written["rope_theta"] = 500000.0
     config_file.write_text(json.dumps(written, indent=2))
     # The builder reads a tokenizer from the folder (for genai_config's token ids).
     words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(253))]
@@ -149,7 +152,10 @@ def export(hf: Path, out: Path) -> dict:
     from keras_posenc.keras_hub import keras_hub_greedy
 
     start = time.perf_counter()
-    backbone = keras_hub.models.Llama3Backbone.from_preset(str(hf), dtype="float32")
+    # keras_hub 0.32's converter does not read rms_norm_eps (its default is 1e-6).
+    backbone = keras_hub.models.Llama3Backbone.from_preset(
+        str(hf), dtype="float32", layer_norm_epsilon=1e-5
+    )
     causal_lm = keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None)
     load_s = time.perf_counter() - start
     weights = sum(int(np.prod(w.shape)) for w in backbone.weights) * 4
@@ -218,11 +224,12 @@ class Bound:
         self.mask = np.ones((1, position + 1), np.int64)
         self.binding.bind_cpu_input("input_ids", self.ids)
         self.binding.bind_cpu_input("attention_mask", self.mask)
-        rng = np.random.default_rng(0)
         decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
         heads, head_dim = decoder["num_key_value_heads"], decoder["head_size"]
         self.buffers = []
         for value in self.session.get_inputs()[2:]:
+            # By name: the two graphs list their caches in different orders.
+            rng = np.random.default_rng(list(value.name.encode()))
             cache = rng.normal(size=(1, heads, MAX_LENGTH, head_dim)).astype(np.float32)
             buffer = onnxruntime.OrtValue.ortvalue_from_numpy(cache)
             self.buffers.append(buffer)
