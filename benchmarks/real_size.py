@@ -21,6 +21,7 @@ Each step runs in its own process (`--step`), so that one's memory is not anothe
 
     python -m benchmarks.real_size                 # the 1B model: ~20 GB free memory
     python -m benchmarks.real_size --size 100m     # the same at ~100M parameters
+    python -m benchmarks.real_size --memory        # peak memory of a 248M keras_hub Llama
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -123,7 +125,8 @@ def builder_folder(hf: Path, out: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"The builder failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return {"builder_s": time.perf_counter() - start}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"builder_s": time.perf_counter() - start, "builder_peak_bytes": children}
 
 
 def _phase_profile():
@@ -283,9 +286,54 @@ def decode(ours: Path, builder: Path, rounds: int) -> list[dict]:
     return rows
 
 
+def memory(verify: bool, external_data: bool | None) -> dict:
+    """`save_decoder`'s peak memory over the weights for a 248M-parameter keras_hub Llama
+    (random weights; hidden 1024, 12 layers, 16 / 4 heads of 64, intermediate 4096,
+    vocabulary 32000, untied)."""
+    import keras_hub
+
+    from keras_posenc.export import save_decoder
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=32000,
+        num_layers=12,
+        num_query_heads=16,
+        hidden_dim=1024,
+        intermediate_dim=4096,
+        num_key_value_heads=4,
+        dtype="float32",
+    )
+    causal_lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    weights = sum(int(np.prod(w.shape)) for w in backbone.weights) * 4
+    with tempfile.TemporaryDirectory() as folder:
+        _reset_peak()
+        before = _status("VmRSS")
+        start = time.perf_counter()
+        save_decoder(
+            causal_lm,
+            Path(folder) / "out",
+            max_length=256,
+            verify=verify,
+            external_data=external_data,
+            verbose=0,
+        )
+        seconds = time.perf_counter() - start
+        peak = _status("VmHWM")
+    return {
+        "verify": verify,
+        "external_data": external_data,
+        "weight_bytes": weights,
+        "peak_over_weights": (peak - before) / weights,
+        "seconds": seconds,
+    }
+
+
 def _step(args) -> None:
     work = Path(args.work)
-    if args.step == "hf":
+    if args.step == "memory":
+        rows = [memory(v, e) for v, e in ((args.verify, args.external_data),)]
+        result = {"memory": rows}
+    elif args.step == "hf":
         result = hf_folder(args.size, work / "hf")
     elif args.step == "builder":
         result = builder_folder(work / "hf", work / "builder")
@@ -295,6 +343,27 @@ def _step(args) -> None:
         result = {"decode": decode(work / "keras_posenc", work / "builder", args.rounds)}
     result["process_peak_bytes"] = _status("VmHWM")
     (work / f"{args.step}.json").write_text(json.dumps(result, indent=2))
+
+
+def _memory_table() -> dict:
+    """Each setting in a process of its own (a peak is per process)."""
+    print("| verify | external_data | peak / weights | seconds |\n| --- | --- | --- | --- |")
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for verify in (False, True):
+            for external in (None, True):
+                command = [sys.executable, "-m", "benchmarks.real_size", "--step", "memory"]
+                command += ["--work", work, "--external-data", json.dumps(external)]
+                command += ["--verify"] if verify else []
+                subprocess.run(command, check=True)
+                row = json.loads((Path(work) / "memory.json").read_text())["memory"][0]
+                rows.append(row)
+                print(
+                    f"| {verify} | {external} | {row['peak_over_weights']:.2f} | "
+                    f"{row['seconds']:.1f} |",
+                    flush=True,
+                )
+    return {"memory": rows}
 
 
 def _markdown(size: str, results: dict) -> str:
@@ -317,7 +386,7 @@ def _markdown(size: str, results: dict) -> str:
         f"{max(p['peak_over_weights'] for p in export['phases']):.2f} |",
         "",
         f"keras_hub load {export['keras_load_s']:.1f} s; builder {builder['builder_s']:.1f} s "
-        f"(its process peak {builder['process_peak_bytes'] / 2**30:.1f} GiB).",
+        f"(its process peak {builder['builder_peak_bytes'] / 2**30:.1f} GiB).",
         "",
         "| position | keras_posenc ms/token | builder ms/token | median ratio | max logit diff |",
         "| --- | --- | --- | --- | --- |",
@@ -335,11 +404,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", choices=SIZES, default="1b")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--work", help="a folder to keep the files in (default: temporary)")
-    parser.add_argument("--step", choices=("hf", "builder", "export", "decode"))
+    parser.add_argument("--step", choices=("hf", "builder", "export", "decode", "memory"))
+    parser.add_argument("--memory", action="store_true", help="the 248M memory table alone")
+    parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--external-data", type=json.loads, default=None)
     args = parser.parse_args(argv)
     if args.step:
         _step(args)
         return {}
+    if args.memory:
+        return _memory_table()
     with tempfile.TemporaryDirectory(prefix="real_size.") as temporary:
         work = Path(args.work or temporary)
         work.mkdir(parents=True, exist_ok=True)
