@@ -18,6 +18,7 @@ import math
 import keras
 import numpy as np
 
+from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import rope as rope_tables
@@ -192,10 +193,10 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             'dtype="float32" (e.g. `from_preset(..., dtype="float32")`).'
         )
     max_length = int(max_length)
-    read = [
-        read_block(layer, max_length, f"{owner} layer {i}")
-        for i, layer in enumerate(backbone.transformer_layers)
-    ]
+    layers, read = backbone.transformer_layers, []
+    for i, layer in enumerate(layers):
+        read.append(read_block(layer, max_length, f"{owner} layer {i}"))
+        progress.layer(i, len(layers))
     head_dims = [block.attention.head_dim for block, _ in read]
     ropes = _rope([r for _, r in read], head_dims, max_length, tables, owner)
     first_rope = next((rope for rope in ropes if rope is not None), None)

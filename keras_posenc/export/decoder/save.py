@@ -121,7 +121,8 @@ def save_decoder(
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
     use_external_data(0, external_data)  # a wrong value, before any work
     progress = Progress(verbose).phase("describe")
-    model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    with reporting(progress):
+        model, decoder, reference, slots = _described(model, max_length, bfloat16)
     plan = plan_weights(decoder, folder, formats, external_data)
     ids = dict(bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     files = _files(decoder, formats, attention, ids, progress)
