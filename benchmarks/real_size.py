@@ -153,6 +153,28 @@ def _phase_profile():
     return phases
 
 
+def _time_reference() -> list[float]:
+    """Times the verification's reference (keras_hub's greedy generation), in a list."""
+    from keras_posenc import keras_hub as bridge
+
+    spent, real = [0.0], bridge.keras_hub_greedy
+
+    def timed_greedy(causal_lm):
+        greedy = real(causal_lm)
+
+        def timed(*args):
+            start = time.perf_counter()
+            try:
+                return greedy(*args)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return timed
+
+    bridge.keras_hub_greedy = timed_greedy
+    return spent
+
+
 def export(hf: Path, out: Path) -> dict:
     """keras_hub loads `hf`; `save_decoder` exports and verifies it; og generates."""
     import keras_hub
@@ -169,6 +191,7 @@ def export(hf: Path, out: Path) -> dict:
     load_s = time.perf_counter() - start
     weights = sum(int(np.prod(w.shape)) for w in backbone.weights) * 4
     phases = _phase_profile()
+    reference_seconds = _time_reference()
     _reset_peak()
     before = _status("VmRSS")
     start = time.perf_counter()
@@ -195,6 +218,7 @@ def export(hf: Path, out: Path) -> dict:
         "keras_hub_tokens": [int(t) for t in expected],
         "og_tokens": _og_tokens(out, prompt[0], len(expected)),
         "keras_hub_greedy_17_tokens_s": reference_s,
+        "verify_keras_reference_s": reference_seconds[0],
         "keras_hub_rope_factor": backbone.rope_frequency_adjustment_factor,
     }
 
@@ -391,6 +415,9 @@ def _markdown(size: str, results: dict) -> str:
         ),
         f"| save_decoder (all) | {export['save_decoder_s']:.1f} | "
         f"{max(p['peak_over_weights'] for p in export['phases']):.2f} |",
+        "",
+        f"Of the verification, keras_hub's greedy reference: "
+        f"{export['verify_keras_reference_s']:.1f} s.",
         "",
         f"keras_hub load {export['keras_load_s']:.1f} s; builder {builder['builder_s']:.1f} s "
         f"(its process peak {builder['builder_peak_bytes'] / 2**30:.1f} GiB).",
