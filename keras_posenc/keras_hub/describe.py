@@ -18,6 +18,7 @@ import math
 import keras
 import numpy as np
 
+from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.errors import ExportError
@@ -197,10 +198,10 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             "the export is float32 and verified against keras_hub in float32: load it with "
             'dtype="float32" (e.g. `from_preset(..., dtype="float32")`).'
         )
-    read = [
-        read_block(layer, max_length, f"{owner} layer {i}")
-        for i, layer in enumerate(backbone.transformer_layers)
-    ]
+    layers, read = backbone.transformer_layers, []
+    for i, layer in enumerate(layers):
+        read.append(read_block(layer, max_length, f"{owner} layer {i}"))
+        progress.layer(i, len(layers))
     head_dims = [block.attention.head_dim for block, _ in read]
     ropes = _rope([r for _, r in read], head_dims, max_length, tables, owner)
     first_rope = next((rope for rope in ropes if rope is not None), None)
@@ -234,13 +235,14 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         embedding=table,
         blocks=blocks,
         final_norm=_norm(getattr(backbone, "layer_norm", None) or backbone.norm, owner),
-        head=np.ascontiguousarray(head),
+        head=head,
         head_bias=None,
         rope=first_rope,
         max_length=max_length,
         embedding_scale=scale,
         final_softcap=float(caps[0]) if caps else 0.0,
         per_layer_inputs=gemma4_per_layer_inputs(backbone, owner),
+        tied_head=bool(embedding.tie_weights),
     )
 
 

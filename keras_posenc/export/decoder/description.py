@@ -180,6 +180,9 @@ class Decoder:
     embedding_scale: float = 1.0  # the embedded tokens times this (Gemma: sqrt(width))
     final_softcap: float = 0.0  # logits become cap * tanh(logits / cap) when > 0 (Gemma 2)
     per_layer_inputs: PerLayerInputs | None = None  # Gemma 4's PLE (E2B, E4B)
+    # The head is the embedding's transpose, one variable (keras_hub's tie_weights): `head`
+    # is then a view of `embedding`, and the ONNX file stores the table once.
+    tied_head: bool = False
 
     @property
     def vocabulary(self) -> int:

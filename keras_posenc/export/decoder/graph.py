@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from keras_posenc.export.decoder import weights_file
+
 MICROSOFT = "com.microsoft"
 
 
@@ -28,9 +30,15 @@ class GraphBuilder:
         return name
 
     def initializer(self, base: str, array: np.ndarray) -> str:
-        """A named initializer (a weight, a table)."""
+        """A named initializer (a weight, a table); written to the file at once while a
+        weights file is open (`weights_file.streaming`) and it is not a small constant."""
         name = self.name(base)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        weights = weights_file.current()
+        array = np.asarray(array)
+        if weights is not None and weights.takes(array):
+            self.initializers.append(weights.tensor(name, array))
+        else:
+            self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
     def constant(self, value, dtype) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.description import Decoder, Mlp, Moe, PerLayerInputs
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
@@ -153,7 +154,12 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
     else:
         raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
     ids = attend.prepare(g, "input_ids", "attention_mask")
-    x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    if decoder.tied_head:
+        # One table for both: the head's (width, vocabulary), gathered by column.
+        head = g.initializer("lm_head", decoder.head)
+        x = g.node("Transpose", [g.node("Gather", [head, ids], axis=1)], perm=[1, 2, 0])
+    else:
+        x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     if decoder.embedding_scale != 1.0:
         x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
     per_layer = None
@@ -185,8 +191,10 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
             total = g.node("Add", [mlp_out, residual])
             residual = _block_end(g, i, block, total, per_layer)
             hidden = _norm(g, residual, norm.scale, norm.epsilon, name)
+        progress.layer(i, decoder.num_layers)
     hidden = attend.finish(g, hidden)
-    head = g.initializer("lm_head", decoder.head)
+    if not decoder.tied_head:
+        head = g.initializer("lm_head", decoder.head)
     capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None
     logits = g.node("MatMul", [hidden, head], 1 if biased or capped else ["logits"])
     if biased:
@@ -211,4 +219,14 @@ def check(model: onnx.ModelProto) -> None:
         if node.op_type == "SimplifiedLayerNormalization" and node.domain == "":
             node.domain = "onnxruntime.onnx_domain_op"
     copy.opset_import.append(helper.make_opsetid("onnxruntime.onnx_domain_op", 1))
+    # Weights in model.onnx.data (not readable from a ModelProto without its folder): checked
+    # as graph inputs of their type and shape, which is all the check reads of them.
+    external = [t for t in copy.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    if external:
+        inline = [t for t in copy.graph.initializer if t.data_location != TensorProto.EXTERNAL]
+        del copy.graph.initializer[:]
+        copy.graph.initializer.extend(inline)
+        copy.graph.input.extend(
+            helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
+        )
     onnx.checker.check_model(copy, full_check=True)

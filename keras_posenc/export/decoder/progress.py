@@ -2,19 +2,23 @@
 
 `verbose=1` prints one line a phase (describing the model, writing the files, each
 verification case and runtime, replacing an earlier folder, the end), each with the
-seconds since the call began; `verbose=0` prints nothing. Other phases (reading weights
-in parts, streaming large files) add their own lines through `Progress.say`.
+seconds since the call began; `verbose=0` prints nothing. The long phases (describing and
+writing a large model) say `layer i of n` at most every `INTERVAL` seconds, through the
+module's `phase` / `layer`, which report to the `save_decoder` running (`reporting`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 VERBOSE_CHOICES = (0, 1)
+INTERVAL = 2.0
 
 
 def check_verbose(verbose) -> int:
@@ -37,6 +41,8 @@ class Progress:
         self.verbose = verbose
         self.folder = str(folder)
         self.began = time.perf_counter()
+        self._phase = None
+        self._said = 0.0
 
     def say(self, text: str) -> None:
         if self.verbose:
@@ -44,6 +50,20 @@ class Progress:
             print(
                 f"save_decoder {self.folder} [{seconds:.1f} s]: {text}", file=sys.stderr, flush=True
             )
+
+    def phase(self, name: str) -> None:
+        """Says the start of phase `name`, whose layers `layer` then counts."""
+        self._phase = name
+        self.say(name)
+        self._said = time.perf_counter()
+
+    def layer(self, i: int, n: int) -> None:
+        """Layer `i` (from 0) of `n` of the current phase is done: said for the last one,
+        and otherwise at most every `INTERVAL` seconds."""
+        now = time.perf_counter()
+        if self.verbose and (i + 1 == n or now - self._said >= INTERVAL):
+            self.say(f"{self._phase}: layer {i + 1} of {n}")
+            self._said = now
 
     def cases(self, reference: Callable, runtimes: dict, count: int, reference_name: str):
         """`reference` and `runtimes` (greedy functions) that say each case as it runs:
@@ -68,3 +88,32 @@ class Progress:
             return runtime
 
         return said_reference, {name: said(name, run) for name, run in runtimes.items()}
+
+
+_CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
+    "keras_posenc_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting(progress: Progress) -> Iterator[Progress]:
+    """`progress` as the one `phase` and `layer` report to while the block runs."""
+    token = _CURRENT.set(progress)
+    try:
+        yield progress
+    finally:
+        _CURRENT.reset(token)
+
+
+def layer(i: int, n: int) -> None:
+    """Reports layer `i` of `n` to the `save_decoder` running, if any."""
+    progress = _CURRENT.get()
+    if progress is not None:
+        progress.layer(i, n)
+
+
+def phase(name: str) -> None:
+    """Reports the start of phase `name` to the `save_decoder` running, if any."""
+    progress = _CURRENT.get()
+    if progress is not None:
+        progress.phase(name)

@@ -3,6 +3,7 @@ verified before it is kept."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import keras
 
 from keras_posenc.export.backend import requires_tensorflow
+from keras_posenc.export.decoder import progress as progress_lines
 from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
@@ -28,9 +30,15 @@ from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
-from keras_posenc.export.decoder.progress import Progress, check_verbose
+from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
+from keras_posenc.export.decoder.weights_file import (
+    plan_weights,
+    session_options,
+    use_external_data,
+    write_onnx,
+)
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
@@ -43,7 +51,9 @@ DEFAULT_FORMATS = ("onnx",)
 def _onnx_runtime(path: Path, max_length: int):
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(path), session_options(), providers=["CPUExecutionProvider"]
+    )
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
@@ -75,6 +85,7 @@ def save_decoder(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     prefill_lengths: tuple[int, ...] | None = None,
+    external_data: bool | None = None,
     verbose: int = 1,
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
@@ -114,8 +125,10 @@ def save_decoder(
             warning; `special_tokens.py`).
         prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (1 to `max_length - 1`;
             None: `litertlm_model.DEFAULT_PREFILL_LENGTHS`).
-        verbose: 1 says each phase on stderr (describing, writing, each verification
-            case and runtime; replacing the folder an earlier call wrote), 0 nothing.
+        external_data: the weights in `model.onnx.data` beside `model.onnx` (onnx's external
+            data, `weights_file.py`): None past 2 GB (what one protobuf holds), or forced.
+        verbose: 1 says each phase on stderr (with layer progress, each verification case
+            and runtime, a replaced earlier folder), 0 nothing.
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -134,34 +147,39 @@ def save_decoder(
     formats, max_length = _checked(attention, formats, max_length, verify)
     ids = (bos_token_id, eos_token_id, pad_token_id)
     check_id_types(*ids)
+    use_external_data(0, external_data)  # a wrong value, before any work
     progress = Progress(check_verbose(verbose), folder)
-    progress.say(f"describing the model (max_length {max_length})")
-    model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    progress.phase(f"describing the model (max_length {max_length})")
+    with reporting(progress):
+        model, decoder, reference, slots = _described(model, max_length, bfloat16)
     plan = _plan(model, decoder, formats, max_length, prefill_lengths)
+    weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = _files(
-        model, decoder, formats, attention, plan, (bos_token_id, eos_token_id, pad_token_id)
-    )
+    files = _files(model, decoder, formats, attention, plan, ids)
     replacing = Path(folder).is_dir() and written_by_package(folder)
-    with whole_or_nothing(folder, kind="folder") as staging:
-        _write(files, staging)
+    with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
+        _write(files, staging, weights)
+        files = None  # the graph: not held while verifying
         report = {}
         if verify:
             checked = (model, decoder, reference, min(max_length, slots))
             report = _verified(checked, staging, formats, max_length, plan, progress)
             report["attention"] = attention
-            report["keras_backend"] = keras.backend.backend()  # what the reference ran on
-            report["formats"] = list(formats)
-            message = failure_message(report) or litertlm_failure(report)
-            if message is not None:
-                message += keep_failed_report(report, folder)
-                raise VerificationError(message, report)
+            _raise_if_failed(report, folder)
             write_json(report, staging / "verification.json")
         if replacing:
             progress.say("replacing the folder an earlier save_decoder wrote there")
     remove_failed_report(folder)
     progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
+
+
+def _raise_if_failed(report: dict, folder) -> None:
+    """A VerificationError where a file failed, its report kept beside `folder`."""
+    message = failure_message(report) or litertlm_failure(report)
+    if message is not None:
+        message += keep_failed_report(report, folder)
+        raise VerificationError(message, report)
 
 
 def _plan(model, decoder, formats, max_length: int, prefill_lengths):
@@ -182,7 +200,8 @@ def _files(model, decoder, formats, attention: str, plan, token_ids: tuple) -> d
     files = {}
     if "onnx" in formats:
         ids = special_ids(model, decoder.vocabulary, *token_ids)
-        files["model.onnx"] = decoder_onnx(decoder, attention)
+        # Emitted in the staging folder, its weights streamed to their file (weights_file.py).
+        files["model.onnx"] = functools.partial(decoder_onnx, decoder, attention)
         files["genai_config.json"] = genai_config(decoder, **ids)
         files.update(tokenizer_files(model))
     if "litert" in formats:
@@ -226,6 +245,8 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
         report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+    report["keras_backend"] = keras.backend.backend()  # what the reference ran on
+    report["formats"] = list(formats)
     return report
 
 
@@ -266,13 +287,13 @@ def _described(model, max_length: int, bfloat16: str):
     return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
 
 
-def _write(files: dict, staging: Path) -> None:
-    import onnx
-
+def _write(files: dict, staging: Path, weights=None) -> None:
+    """Writes `files` into `staging`, `model.onnx` as `weights` says (`weights_file.py`)."""
     staging.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         if name.endswith(".onnx"):
-            onnx.save_model(content, staging / name)
+            progress_lines.phase(f"write {name}")
+            write_onnx(content, staging / name, weights)
         elif name.endswith(".json"):
             write_json(content, staging / name)
         else:
