@@ -24,6 +24,7 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
+from keras_posenc.export.decoder.quantized_graph import checked_quantization, refuse_unquantizable
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
@@ -53,6 +54,9 @@ def save_decoder(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
     verbose: int = 1,
+    quantize: str | None = None,
+    block_size: int = 32,
+    accuracy_level: int = 4,
 ) -> dict:
     """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
 
@@ -96,6 +100,16 @@ def save_decoder(
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
+        quantize: None (float32 weights), `"int8"` or `"int4"`: every projection and the
+            head as `com.microsoft.MatMulNBits` (symmetric blocks along the input, the
+            genai builder's int4 / int8), a tied embedding as `GatherBlockQuantized` over
+            the head's weights (docs/quantization.md). Verified against the model with
+            each weight replaced by what the file stores, dequantized. Only with
+            `attention="gqa"` and `formats=("onnx",)` for now.
+        block_size: rows of K per scale (a power of 2 >= 16 that divides every K).
+        accuracy_level: MatMulNBits' `accuracy_level`: 0 or 1 compute in float32 (judged
+            to float32 tolerance), 4 (the builder's, onnxruntime's CPU fast path) with int8
+            activations (judged against the bound that rounding allows).
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -111,13 +125,20 @@ def save_decoder(
             nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
+    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
     progress = Progress(check_verbose(verbose), folder)
     progress.say(f"describing the model (max_length {max_length})")
     model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    if quantization is not None:
+        refuse_unquantizable(decoder, quantization)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = {}
     if "onnx" in formats:
-        files["model.onnx"] = decoder_onnx(decoder, attention)
+        files["model.onnx"] = (
+            decoder_onnx(decoder, attention)
+            if quantization is None
+            else decoder_onnx(decoder, attention, quantization)
+        )
         files["genai_config.json"] = genai_config(
             decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
         )
@@ -129,7 +150,22 @@ def save_decoder(
         report = {}
         if verify:
             runtimes = _runtimes(staging, formats, max_length)
-            report = _verify(model, decoder, reference, runtimes, min(max_length, slots), progress)
+            if quantization is None:
+                report = _verify(
+                    model, decoder, reference, runtimes, min(max_length, slots), progress
+                )
+            else:
+                from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
+
+                report = verify_quantized_decoder(
+                    model,
+                    decoder,
+                    reference is not None,
+                    runtimes,
+                    min(max_length, slots),
+                    quantization,
+                    progress,
+                )
             report["attention"] = attention
             report["formats"] = list(formats)
             message = failure_message(report)

@@ -1,0 +1,163 @@
+"""The reference a quantized file is verified against, and its judging with int8 activations.
+
+The reference is the Keras model with every weight the file quantizes replaced by what the
+file stores, dequantized (`quantize.round_trip`): a copy of the model, its variables found
+by content (a description's kernel is a Keras variable reshaped, `(K, N)` from its leading
+and trailing axes, or transposed: a tied table). Against it a file with float arithmetic
+(accuracy_level 0/1) is judged as float32 files are (`check.compare_greedy`).
+
+With accuracy_level 2-4 onnxruntime quantizes each MatMulNBits' input to int8 per block
+of `block_size` along K (scale `max|a|/127`), so the file's logits differ from the
+reference by that rounding (docs/quantization.md derives `activation_bound`). Passed: every
+compared logit within the bound, and the same greedy token wherever the reference's top-1
+leads its top-2 by more than twice the bound; tokens are compared up to the first step
+where they differ (a near tie, allowed), later steps follow other tokens.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from keras_posenc.export.decoder.check import row_scale
+from keras_posenc.export.decoder.quantize import round_trip
+from keras_posenc.export.decoder.quantized_graph import quantized_kernels
+from keras_posenc.export.errors import ExportError
+
+
+def _replacement(weight: np.ndarray, kernels: list) -> tuple[int, np.ndarray | None]:
+    """`(index, dequantized value)` of `weight` if it is `kernels[index]` (`[(kernel,
+    dequantized)]`) reshaped or transposed, else `(-1, None)`."""
+    shape = weight.shape
+    for index, (kernel, dequantized) in enumerate(kernels):
+        k, n = kernel.shape
+        if weight.size != k * n:
+            continue
+        for split in range(1, weight.ndim):
+            if int(np.prod(shape[:split])) == k and np.array_equal(weight.reshape(k, n), kernel):
+                return index, dequantized.reshape(shape)
+        if shape == (n, k) and np.array_equal(weight, kernel.T):
+            return index, np.ascontiguousarray(dequantized.T)
+    return -1, None
+
+
+def dequantized_copy(model: keras.Model, decoder, quantization) -> keras.Model:
+    """A copy of `model` whose quantized weights hold what the file stores, dequantized.
+
+    Raises:
+        ExportError: a quantized kernel of the description that no variable of `model`
+            holds (the reference could not be made).
+    """
+    named = quantized_kernels(decoder)
+    kernels = [
+        (kernel, round_trip(kernel, quantization.bits, quantization.block_size))
+        for _, kernel in named
+    ]
+    weights, found = [], set()
+    for weight in model.get_weights():
+        index, replaced = -1, None
+        if keras.backend.is_float_dtype(weight.dtype):
+            index, replaced = _replacement(weight, kernels)
+        found.add(index)
+        weights.append(weight if replaced is None else replaced.astype(weight.dtype))
+    for index, (name, kernel) in enumerate(named):
+        if index not in found and not any(
+            kernels[j][0].shape == kernel.shape and np.array_equal(kernels[j][0], kernel)
+            for j in found
+            if j >= 0
+        ):
+            raise ExportError(
+                f"The quantized file's reference could not be made: {name} is no variable "
+                "of the model (reshaped or transposed)."
+            )
+    config = keras.saving.serialize_keras_object(model)
+    copy = keras.saving.deserialize_keras_object(config)
+    copy.set_weights(weights)
+    return copy
+
+
+def activation_bound(logits: np.ndarray, quantized_matmuls: int) -> np.ndarray:
+    """The logit bound of int8 activations, per row (last axis kept): `quantized_matmuls`
+    (the MatMulNBits on the longest path, `2 * layers + 1` for a pre-norm decoder) times
+    one int8 step (`1/127` of a block's largest input) relative to the row's largest
+    logit (docs/quantization.md)."""
+    largest = np.max(np.abs(np.asarray(logits, np.float64)), axis=-1, keepdims=True)
+    return quantized_matmuls * largest / 127 + 1e-5 + 1e-4 * row_scale(logits)
+
+
+def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) -> dict:
+    """Tokens and logits of a file with int8 activations against the reference (module
+    docstring), in `check.compare_greedy`'s form."""
+    ref_tokens, ref_logits = expected
+    tokens, logits = got
+    steps = ref_tokens.shape[1]
+    differ = np.argwhere(ref_tokens != tokens)
+    last = int(differ[:, 1].min()) if len(differ) else steps - 1
+    worst, max_abs, failed_token = -np.inf, 0.0, None
+    for step in range(last + 1):
+        rows = np.nonzero(mask.astype(bool)) if step == 0 else slice(None)
+        ref = np.asarray(ref_logits[step][rows], np.float64)
+        out = np.asarray(logits[step][rows], np.float64)
+        bound = activation_bound(ref, quantized_matmuls)
+        error = np.abs(out - ref)
+        error = np.where(np.isnan(error), np.inf, error)
+        max_abs = max(max_abs, float(error.max()))
+        worst = max(worst, float((error - bound).max()))
+        top2 = np.sort(ref, axis=-1)[..., -2:]
+        margin = top2[..., 1] - top2[..., 0]
+        decided = margin > 2 * bound[..., 0]
+        disagree = decided & (np.argmax(ref, -1) != np.argmax(out, -1))
+        if failed_token is None and disagree.any():
+            failed_token = {"step": step, "row": int(np.argmax(disagree.reshape(-1)))}
+    result = {
+        "same_tokens": not len(differ),
+        "max_abs_error": max_abs,
+        "within_tolerance": worst <= 0,
+        "decided_tokens_agree": failed_token is None,
+    }
+    if failed_token is not None:
+        result["first_different_token"] = failed_token
+    elif len(differ) and not result["within_tolerance"]:
+        step = int(differ[:, 1].min())
+        result["first_different_token"] = {"step": step, "row": int(differ[0, 0])}
+    result["worst_step"], result["worst_row"] = last, 0
+    result["passed"] = result["within_tolerance"] and failed_token is None
+    return result
+
+
+def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
+    """Against the float32 model, teacher-forced over the prompts' real tokens: the share
+    of positions with the same top-1, and the RMS of the logit differences."""
+    rows = np.nonzero(mask.astype(bool))
+    ref = np.asarray(float_logits[rows], np.float64)
+    out = np.asarray(logits[rows], np.float64)
+    return {
+        "top1_agreement": float(np.mean(np.argmax(ref, -1) == np.argmax(out, -1))),
+        "logit_rms_difference": float(np.sqrt(np.mean(np.square(out - ref)))),
+    }
+
+
+def verify_quantized(reference, float_reference, runtimes: dict, cases: list, judge) -> dict:
+    """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
+    `judge(expected, got, mask)` against `reference` (the dequantized model's greedy), with
+    `float_agreement` against `float_reference` (the float32 model's) beside it."""
+    report = {"cases": []}
+    for case in cases:
+        prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
+        expected = reference(prompts, mask, steps)
+        float_logits = float_reference(prompts, mask, 0)[1][0]
+        results = {}
+        for name, run in runtimes.items():
+            got = run(prompts, mask, steps)
+            results[name] = judge(expected, got, mask)
+            results[name]["against_float32"] = float_agreement(float_logits, got[1][0], mask)
+        report["cases"].append(
+            {
+                "name": case["name"],
+                "batch": len(prompts),
+                "steps": steps,
+                "last_position": prompts.shape[1] + steps - 1,
+                "runtimes": results,
+            }
+        )
+    return report
