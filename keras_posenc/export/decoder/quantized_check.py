@@ -1,9 +1,10 @@
 """The reference a quantized file is verified against, and its judging with int8 activations.
 
 The reference is the Keras model with every weight the file quantizes replaced by what the
-file stores, dequantized (`quantize.round_trip`): a copy of the model, its variables found
-by content (a description's kernel is a Keras variable reshaped, `(K, N)` from its leading
-and trailing axes, or transposed: a tied table). Against it a file with float arithmetic
+file stores, dequantized (`quantize.round_trip`): the model's own variables, for the
+reference's run (`dequantized_weights`), found by content (a description's kernel is a
+Keras variable reshaped, `(K, N)` from its leading and trailing axes, or transposed: a
+tied table). Against it a file with float arithmetic
 (accuracy_level 0/1) is judged as float32 files are (`check.compare_greedy`).
 
 With accuracy_level 2-4 onnxruntime quantizes each MatMulNBits' input to int8 per block
@@ -15,6 +16,8 @@ where they differ (a near tie, allowed), later steps follow other tokens.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import keras
 import numpy as np
@@ -41,8 +44,11 @@ def _replacement(weight: np.ndarray, kernels: list) -> tuple[int, np.ndarray | N
     return -1, None
 
 
-def dequantized_copy(model: keras.Model, decoder, quantization) -> keras.Model:
-    """A copy of `model` whose quantized weights hold what the file stores, dequantized.
+@contextlib.contextmanager
+def dequantized_weights(model: keras.Model, decoder, quantization):
+    """Within the block, `model`'s quantized weights hold what the file stores, dequantized;
+    every variable gets its own value back when the block ends (a copy of the model would
+    not always keep its settings: keras_hub's configs drop `tie_word_embeddings`).
 
     Raises:
         ExportError: a quantized kernel of the description that no variable of `model`
@@ -53,27 +59,32 @@ def dequantized_copy(model: keras.Model, decoder, quantization) -> keras.Model:
         (kernel, round_trip(kernel, quantization.bits, quantization.block_size))
         for _, kernel in named
     ]
-    weights, found = [], set()
-    for weight in model.get_weights():
-        index, replaced = -1, None
-        if keras.backend.is_float_dtype(weight.dtype):
-            index, replaced = _replacement(weight, kernels)
-        found.add(index)
-        weights.append(weight if replaced is None else replaced.astype(weight.dtype))
+    changes, found = [], set()
+    for variable in model.weights:
+        if not keras.backend.is_float_dtype(variable.dtype):
+            continue
+        value = keras.ops.convert_to_numpy(variable)
+        index, replaced = _replacement(value, kernels)
+        if replaced is not None:
+            found.add(index)
+            changes.append((variable, value, replaced.astype(value.dtype)))
     for index, (name, kernel) in enumerate(named):
         if index not in found and not any(
-            kernels[j][0].shape == kernel.shape and np.array_equal(kernels[j][0], kernel)
+            np.array_equal(kernels[j][0], kernel)
             for j in found
-            if j >= 0
+            if kernels[j][0].shape == kernel.shape
         ):
             raise ExportError(
                 f"The quantized file's reference could not be made: {name} is no variable "
                 "of the model (reshaped or transposed)."
             )
-    config = keras.saving.serialize_keras_object(model)
-    copy = keras.saving.deserialize_keras_object(config)
-    copy.set_weights(weights)
-    return copy
+    try:
+        for variable, _, replaced in changes:
+            variable.assign(replaced)
+        yield model
+    finally:
+        for variable, original, _ in changes:
+            variable.assign(original)
 
 
 def activation_bound(logits: np.ndarray, quantized_matmuls: int) -> np.ndarray:
@@ -137,20 +148,24 @@ def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
     }
 
 
-def verify_quantized(reference, float_reference, runtimes: dict, cases: list, judge) -> dict:
+def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequantized) -> dict:
     """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
-    `judge(expected, got, mask)` against `reference` (the dequantized model's greedy), with
-    `float_agreement` against `float_reference` (the float32 model's) beside it."""
+    `judge(expected, got, mask)` against `greedy_of(model)` run inside `dequantized` (the
+    context of `dequantized_weights`), with `float_agreement` against the float32 model's
+    prompt logits beside it."""
+    float_greedy = greedy_of(model)
+    float_logits = [float_greedy(c["prompts"], c["mask"], 0)[1][0] for c in cases]
+    with dequantized:
+        reference = greedy_of(model)
+        expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
     report = {"cases": []}
-    for case in cases:
+    for case, want, float_prompt in zip(cases, expected, float_logits, strict=True):
         prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
-        expected = reference(prompts, mask, steps)
-        float_logits = float_reference(prompts, mask, 0)[1][0]
         results = {}
         for name, run in runtimes.items():
             got = run(prompts, mask, steps)
-            results[name] = judge(expected, got, mask)
-            results[name]["against_float32"] = float_agreement(float_logits, got[1][0], mask)
+            results[name] = judge(want, got, mask)
+            results[name]["against_float32"] = float_agreement(float_prompt, got[1][0], mask)
         report["cases"].append(
             {
                 "name": case["name"],

@@ -10,7 +10,7 @@ from keras_posenc.export.decoder.check import (
 )
 from keras_posenc.export.decoder.quantized_check import (
     compare_with_bound,
-    dequantized_copy,
+    dequantized_weights,
     verify_quantized,
 )
 from keras_posenc.export.decoder.quantized_graph import quantized_kernels
@@ -31,8 +31,6 @@ def verify_quantized_decoder(
             return bridge.keras_hub_greedy(step_model)
         return lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)
 
-    progress.say("making the reference: the model with the file's weights, dequantized")
-    reference = greedy_of(dequantized_copy(model, decoder, quantization))
     if quantization.accuracy_level in FLOAT_LEVELS:
         judge = compare_greedy
     else:
@@ -44,8 +42,9 @@ def verify_quantized_decoder(
 
     cases = decoder_cases(decoder.vocabulary, length, window=widest_window(decoder))
     name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
-    reference, runtimes = progress.cases(reference, runtimes, len(cases), name)
-    report = verify_quantized(reference, greedy_of(model), runtimes, cases, judge)
+    progress.say(f"verifying against {name} (the file's weights), {len(cases)} cases")
+    dequantized = dequantized_weights(model, decoder, quantization)
+    report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
     report["passed"] = failure_message(report) is None
     report["quantization"] = {
         "bits": quantization.bits,
