@@ -29,6 +29,7 @@ from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.decoder.quantized_graph import (
     embedding_lookup,
     head_matmul,
+    refuse_unquantizable,
     weight_matmul,
 )
 from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
@@ -149,6 +150,10 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
     """
     if attention in ("gqa", "standard"):
         refuse_older_onnxruntime(decoder, attention)
+    if quantization is not None:
+        if attention != "gqa":
+            raise ValueError("quantization is written with attention='gqa' only (MatMulNBits).")
+        refuse_unquantizable(decoder, quantization)
     g = GraphBuilder()
     g.standard = attention == "standard"
     g.quantization = quantization

@@ -24,7 +24,7 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
-from keras_posenc.export.decoder.quantized_graph import checked_quantization, refuse_unquantizable
+from keras_posenc.export.decoder.quantized_graph import checked_quantization
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
@@ -100,16 +100,7 @@ def save_decoder(
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
-        quantize: None (float32 weights), `"int8"` or `"int4"`: every projection and the
-            head as `com.microsoft.MatMulNBits` (symmetric blocks along the input, the
-            genai builder's int4 / int8), a tied embedding as `GatherBlockQuantized` over
-            the head's weights (docs/quantization.md). Verified against the model with
-            each weight replaced by what the file stores, dequantized. Only with
-            `attention="gqa"` and `formats=("onnx",)` for now.
-        block_size: rows of K per scale (a power of 2 >= 16 that divides every K).
-        accuracy_level: MatMulNBits' `accuracy_level`: 0 or 1 compute in float32 (judged
-            to float32 tolerance), 4 (the builder's, onnxruntime's CPU fast path) with int8
-            activations (judged against the bound that rounding allows).
+        quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -124,21 +115,14 @@ def save_decoder(
             left at `failed_report_path(folder)` (not over a file of the user's) and
             nothing is written at `folder`.
     """
-    formats, max_length = _checked(attention, formats, max_length, verify)
-    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
+    quantizing = (quantize, block_size, accuracy_level)
+    formats, max_length, quantization = _checked(attention, formats, max_length, verify, quantizing)
     progress = Progress(check_verbose(verbose), folder)
-    progress.say(f"describing the model (max_length {max_length})")
-    model, decoder, reference, slots = _described(model, max_length, bfloat16)
-    if quantization is not None:
-        refuse_unquantizable(decoder, quantization)
+    model, decoder, reference, length = _described(model, max_length, bfloat16, progress)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = {}
     if "onnx" in formats:
-        files["model.onnx"] = (
-            decoder_onnx(decoder, attention)
-            if quantization is None
-            else decoder_onnx(decoder, attention, quantization)
-        )
+        files["model.onnx"] = _onnx(decoder, attention, quantization)
         files["genai_config.json"] = genai_config(
             decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
         )
@@ -150,29 +134,8 @@ def save_decoder(
         report = {}
         if verify:
             runtimes = _runtimes(staging, formats, max_length)
-            if quantization is None:
-                report = _verify(
-                    model, decoder, reference, runtimes, min(max_length, slots), progress
-                )
-            else:
-                from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
-
-                report = verify_quantized_decoder(
-                    model,
-                    decoder,
-                    reference is not None,
-                    runtimes,
-                    min(max_length, slots),
-                    quantization,
-                    progress,
-                )
-            report["attention"] = attention
-            report["formats"] = list(formats)
-            message = failure_message(report)
-            if message is not None:
-                message += keep_failed_report(report, folder)
-                raise VerificationError(message, report)
-            write_json(report, staging / "verification.json")
+            report = _verify(model, decoder, reference, runtimes, length, progress, quantization)
+            _keep_or_raise(report, attention, formats, staging, folder)
         if replacing:
             progress.say("replacing the folder an earlier save_decoder wrote there")
     remove_failed_report(folder)
@@ -180,14 +143,34 @@ def save_decoder(
     return report
 
 
-def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
-    """`(formats, max_length)` checked, before any work."""
+def _onnx(decoder, attention: str, quantization):
+    """`decoder_onnx`'s model; its float call unchanged (`decoder_onnx(decoder, attention)`)."""
+    if quantization is None:
+        return decoder_onnx(decoder, attention)
+    return decoder_onnx(decoder, attention, quantization)
+
+
+def _keep_or_raise(report: dict, attention: str, formats, staging: Path, folder) -> None:
+    """Writes the passed `report` into `staging`, or keeps it beside `folder` and raises."""
+    report["attention"] = attention
+    report["formats"] = list(formats)
+    message = failure_message(report)
+    if message is not None:
+        message += keep_failed_report(report, folder)
+        raise VerificationError(message, report)
+    write_json(report, staging / "verification.json")
+
+
+def _checked(attention: str, formats, max_length, verify: bool, quantizing) -> tuple:
+    """`(formats, max_length, quantization)` checked, before any work (`quantizing`:
+    save_decoder's `(quantize, block_size, accuracy_level)`)."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    return formats, checked_max_length(max_length, verify)
+    max_length = checked_max_length(max_length, verify)
+    return formats, max_length, checked_quantization(*quantizing, attention, formats)
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
@@ -195,10 +178,21 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
     return [name for kind in formats for name in names[kind]]
 
 
-def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
+def _verify(
+    model, decoder, reference, runtimes: dict, length: int, progress: Progress, quantization
+) -> dict:
     """`verify_decoder`'s report, each case said through `progress`; `reference` None is
-    Keras's greedy generation through the step model."""
+    Keras's greedy generation through the step model. A quantized file's: see
+    `quantized_save.py`."""
     from keras_posenc.export.decoder.greedy import keras_greedy
+
+    if quantization is not None:
+        from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
+
+        keras_hub = reference is not None
+        return verify_quantized_decoder(
+            model, decoder, keras_hub, runtimes, length, quantization, progress
+        )
 
     window = widest_window(decoder)
     count = len(decoder_cases(decoder.vocabulary, length, window=window))
@@ -209,18 +203,21 @@ def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Pr
     return verify_decoder(model, runtimes, length, decoder.vocabulary, reference, window)
 
 
-def _described(model, max_length: int, bfloat16: str):
-    """`(model, decoder, reference, slots)`: the model verified against (a float32 copy of a
-    bfloat16 one), its description, the greedy reference (None: Keras's step model) and the
-    cache slots the reference holds."""
+def _described(model, max_length: int, bfloat16: str, progress: Progress):
+    """`(model, decoder, reference, length)`: the model verified against (a float32 copy of
+    a bfloat16 one), its description, the greedy reference (None: Keras's step model) and
+    the length verified (`max_length`, or fewer: the cache slots the reference holds)."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
+    progress.say(f"describing the model (max_length {max_length})")
     refuse_model_kind(model)
     if bridge.is_keras_hub_causal_lm(model):
         decoder = bridge.describe_causal_lm(model, max_length)
-        return model, decoder, bridge.keras_hub_greedy(model), max_length
-    model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
-    return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
+        found = model, decoder, bridge.keras_hub_greedy(model), max_length
+    else:
+        model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
+        found = model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
+    return (*found[:3], min(max_length, found[3]))
 
 
 def _write(files: dict, staging: Path) -> None:
