@@ -104,7 +104,7 @@ def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) 
     steps = ref_tokens.shape[1]
     differ = np.argwhere(ref_tokens != tokens)
     last = int(differ[:, 1].min()) if len(differ) else steps - 1
-    worst, max_abs, failed_token = -np.inf, 0.0, None
+    worst, max_abs, failed_token, used = -np.inf, 0.0, None, 0.0
     for step in range(last + 1):
         rows = np.nonzero(mask.astype(bool)) if step == 0 else slice(None)
         ref = np.asarray(ref_logits[step][rows], np.float64)
@@ -114,6 +114,7 @@ def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) 
         error = np.where(np.isnan(error), np.inf, error)
         max_abs = max(max_abs, float(error.max()))
         worst = max(worst, float((error - bound).max()))
+        used = max(used, float((error / bound).max()))
         top2 = np.sort(ref, axis=-1)[..., -2:]
         margin = top2[..., 1] - top2[..., 0]
         decided = margin > 2 * bound[..., 0]
@@ -125,6 +126,7 @@ def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) 
         "max_abs_error": max_abs,
         "within_tolerance": worst <= 0,
         "decided_tokens_agree": failed_token is None,
+        "bound_used": used,  # the largest error / bound: at most 1 to pass
     }
     if failed_token is not None:
         result["first_different_token"] = failed_token
