@@ -136,10 +136,10 @@ def test_a_step_model_exports_quantized_and_verified(tmp_path, mode):
         np.testing.assert_array_equal(was, now)
 
 
-@pytest.mark.parametrize("mode,tied", [("int4", True), ("int8", False)])
-def test_a_keras_hub_llama_exports_quantized_and_verified(tmp_path, mode, tied):
+@pytest.mark.parametrize("mode,tied,level", [("int4", True, 4), ("int8", False, 0)])
+def test_a_keras_hub_llama_exports_quantized_and_verified(tmp_path, mode, tied, level):
     causal_lm = tiny_causal_lm("llama", tie_word_embeddings=tied)
-    report = _save(causal_lm, tmp_path / "q", quantize=mode, accuracy_level=0)
+    report = _save(causal_lm, tmp_path / "q", quantize=mode, accuracy_level=level)
     assert report["passed"]
     ops = [node.op_type for node in onnx.load(tmp_path / "q" / "model.onnx").graph.node]
     assert ("GatherBlockQuantized" in ops) == tied
@@ -179,26 +179,26 @@ def _tamper_zero_point(model):
     node.input.append("tampered_zero")
 
 
-@pytest.mark.parametrize(
-    "tamper",
-    [_tamper_scale, _tamper_block, _tamper_nibbles, _tamper_zero_point],
-    ids=["scale", "block", "nibbles", "zero_point"],
-)
 @pytest.mark.parametrize("level", [0, 4])
-def test_a_tampered_file_fails_the_verification(tmp_path, tamper, level):
+def test_a_tampered_file_fails_the_verification(tmp_path, level):
     keras.utils.set_random_seed(0)
     model = step_model()
     folder = tmp_path / "q"
     _save(model, folder, quantize="int4", accuracy_level=level, verify=False)
-    onnx_model = onnx.load(folder / "model.onnx")
-    tamper(onnx_model)
-    onnx.save(onnx_model, folder / "model.onnx")
-    runtimes = {"onnxruntime": save._onnx_runtime(folder / "model.onnx", MAX_LENGTH)}
     decoder = describe_decoder(model, MAX_LENGTH)
-    report = verify_quantized_decoder(
-        model, decoder, False, runtimes, MAX_LENGTH, Quantization(4, 32, level), Progress(0, folder)
-    )
-    assert not report["passed"]
+    written = onnx.load(folder / "model.onnx")
+    for tamper in (_tamper_scale, _tamper_block, _tamper_nibbles, _tamper_zero_point):
+        tampered = onnx.ModelProto()
+        tampered.CopyFrom(written)
+        tamper(tampered)
+        onnx.save(tampered, tmp_path / "model.onnx")
+        quantization = Quantization(4, 32, level)
+        # As save_decoder verifies: with int8 activations, the same bytes in float too.
+        runtimes = save._runtimes(tmp_path, ("onnx",), MAX_LENGTH, quantization)
+        report = verify_quantized_decoder(
+            model, decoder, False, runtimes, MAX_LENGTH, quantization, Progress(0, folder)
+        )
+        assert not report["passed"], tamper.__name__
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ tied table). Against it a file with float arithmetic
 
 With accuracy_level 2-4 onnxruntime quantizes each MatMulNBits' input to int8 per block
 of `block_size` along K (scale `max|a|/127`), so the file's logits differ from the
-reference by that rounding (docs/quantization.md derives `activation_bound`). Passed: every
+reference by that rounding (docs/quantization.md derives `activation_bound`); the same
+bytes with float arithmetic are judged to float32 tolerance beside it
+(`quantized_save.float_arithmetic_runtime`), which is what catches a wrong weight. Passed: every
 compared logit within the bound, and the same greedy token wherever the reference's top-1
 leads its top-2 by more than twice the bound; tokens are compared up to the first step
 where they differ (a near tie, allowed), later steps follow other tokens.
@@ -87,16 +89,26 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
             variable.assign(original)
 
 
-def activation_bound(logits: np.ndarray, quantized_matmuls: int) -> np.ndarray:
-    """The logit bound of int8 activations, per row (last axis kept): `quantized_matmuls`
-    (the MatMulNBits on the longest path, `2 * layers + 1` for a pre-norm decoder) times
-    one int8 step (`1/127` of a block's largest input) relative to the row's largest
-    logit (docs/quantization.md)."""
-    largest = np.max(np.abs(np.asarray(logits, np.float64)), axis=-1, keepdims=True)
-    return quantized_matmuls * largest / 127 + 1e-5 + 1e-4 * row_scale(logits)
+# How many standard deviations of the rounding error a logit may be off (module docstring).
+TAIL = 5
 
 
-def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) -> dict:
+def activation_bound(logits: np.ndarray, quantized_matmuls: int, block_size: int) -> np.ndarray:
+    """The logit bound of int8 activations, per row (last axis kept; docs/quantization.md):
+    `TAIL · quantized_matmuls · sqrt(block_size) / (127 · sqrt(12)) · rms(row)`, plus the
+    float32 tolerance. One MatMul's input rounded to int8 steps of `max|a| / 127` per block
+    moves its outputs by a relative standard deviation of at most `sqrt(block_size) / (127 ·
+    sqrt(12))` (uniform rounding; a block's largest input at most `sqrt(block_size)` times
+    its RMS); the `quantized_matmuls` on the longest path add (the norms rescale each
+    branch), and a logit may sit `TAIL` deviations out."""
+    logits = np.asarray(logits, np.float64)
+    relative = TAIL * quantized_matmuls * np.sqrt(block_size) / (127 * np.sqrt(12))
+    return (relative + 1e-4) * row_scale(logits) + 1e-5
+
+
+def compare_with_bound(
+    expected, got, mask: np.ndarray, quantized_matmuls: int, block_size: int
+) -> dict:
     """Tokens and logits of a file with int8 activations against the reference (module
     docstring), in `check.compare_greedy`'s form."""
     ref_tokens, ref_logits = expected
@@ -109,7 +121,7 @@ def compare_with_bound(expected, got, mask: np.ndarray, quantized_matmuls: int) 
         rows = np.nonzero(mask.astype(bool)) if step == 0 else slice(None)
         ref = np.asarray(ref_logits[step][rows], np.float64)
         out = np.asarray(logits[step][rows], np.float64)
-        bound = activation_bound(ref, quantized_matmuls)
+        bound = activation_bound(ref, quantized_matmuls, block_size)
         error = np.abs(out - ref)
         error = np.where(np.isnan(error), np.inf, error)
         max_abs = max(max_abs, float(error.max()))
@@ -152,7 +164,7 @@ def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
 
 def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequantized) -> dict:
     """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
-    `judge(expected, got, mask)` against `greedy_of(model)` run inside `dequantized` (the
+    `judge(name, expected, got, mask)` against `greedy_of(model)` run inside `dequantized` (the
     context of `dequantized_weights`), with `float_agreement` against the float32 model's
     prompt logits beside it."""
     float_greedy = greedy_of(model)
@@ -166,7 +178,7 @@ def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequa
         results = {}
         for name, run in runtimes.items():
             got = run(prompts, mask, steps)
-            results[name] = judge(want, got, mask)
+            results[name] = judge(name, want, got, mask)
             results[name]["against_float32"] = float_agreement(float_prompt, got[1][0], mask)
         report["cases"].append(
             {

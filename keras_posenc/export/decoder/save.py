@@ -133,7 +133,7 @@ def save_decoder(
         _write(files, staging)
         report = {}
         if verify:
-            runtimes = _runtimes(staging, formats, max_length)
+            runtimes = _runtimes(staging, formats, max_length, quantization)
             report = _verify(model, decoder, reference, runtimes, length, progress, quantization)
             _keep_or_raise(report, attention, formats, staging, folder)
         if replacing:
@@ -233,11 +233,16 @@ def _write(files: dict, staging: Path) -> None:
             (staging / name).write_bytes(content)
 
 
-def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
-    """One greedy runner per file written, by runtime name."""
+def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantization) -> dict:
+    """One greedy runner per file written, by runtime name (and for a quantized file with
+    int8 activations the same file with float arithmetic: `float_arithmetic_runtime`)."""
+    from keras_posenc.export.decoder.quantized_save import float_arithmetic_runtime
+
     runtimes = {}
     if "onnx" in formats:
         runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
+        path = staging / "model.onnx"
+        runtimes.update(float_arithmetic_runtime(path, max_length, quantization))
     if "litert" in formats:
         path = staging / "model.tflite"
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
