@@ -30,19 +30,31 @@ from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.errors import ExportError
 
 
-def _replacement(weight: np.ndarray, kernels: list) -> tuple[int, np.ndarray | None]:
+def _fingerprints(kernels: list) -> dict:
+    """`{(size, hash of the flat bytes): [(index, transposed)]}` of each kernel `(K, N)` as
+    stored and transposed: a variable holding it reshaped (the leading axes K, the trailing
+    N: the same flat order) or transposed (a tied table) is found in one pass."""
+    table = {}
+    for index, (kernel, _) in enumerate(kernels):
+        for transposed, array in ((False, kernel), (True, kernel.T)):
+            key = (array.size, hash(np.ascontiguousarray(array).tobytes()))
+            table.setdefault(key, []).append((index, transposed))
+    return table
+
+
+def _replacement(weight: np.ndarray, kernels: list, table: dict):
     """`(index, dequantized value)` of `weight` if it is `kernels[index]` (`[(kernel,
     dequantized)]`) reshaped or transposed, else `(-1, None)`."""
-    shape = weight.shape
-    for index, (kernel, dequantized) in enumerate(kernels):
+    key = (weight.size, hash(np.ascontiguousarray(weight).tobytes()))
+    for index, transposed in table.get(key, ()):
+        kernel, dequantized = kernels[index]
         k, n = kernel.shape
-        if weight.size != k * n:
-            continue
-        for split in range(1, weight.ndim):
-            if int(np.prod(shape[:split])) == k and np.array_equal(weight.reshape(k, n), kernel):
-                return index, dequantized.reshape(shape)
-        if shape == (n, k) and np.array_equal(weight, kernel.T):
-            return index, np.ascontiguousarray(dequantized.T)
+        if transposed:
+            if weight.shape == (n, k) and np.array_equal(weight, kernel.T):
+                return index, np.ascontiguousarray(dequantized.T)
+        elif any(int(np.prod(weight.shape[:s])) == k for s in range(1, weight.ndim)):
+            if np.array_equal(weight.reshape(k, n), kernel):
+                return index, dequantized.reshape(weight.shape)
     return -1, None
 
 
@@ -61,12 +73,12 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
         (kernel, round_trip(kernel, quantization.bits, quantization.block_size))
         for _, kernel in named
     ]
-    changes, found = [], set()
+    changes, found, table = [], set(), _fingerprints(kernels)
     for variable in model.weights:
         if not keras.backend.is_float_dtype(variable.dtype):
             continue
         value = keras.ops.convert_to_numpy(variable)
-        index, replaced = _replacement(value, kernels)
+        index, replaced = _replacement(value, kernels, table)
         if replaced is not None:
             found.add(index)
             changes.append((variable, value, replaced.astype(value.dtype)))
