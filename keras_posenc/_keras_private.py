@@ -8,7 +8,9 @@ Each says why no public API serves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 
 # Keras's own masks on tensors (what MultiHeadAttention reads and sets); no public API.
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask  # noqa: F401
@@ -93,3 +95,26 @@ def causal_mask(layer, query, value):
 def masked_softmax(layer, scores, mask):
     """The Keras attention layer's softmax of `scores` with `mask` (`_masked_softmax`)."""
     return layer._masked_softmax(scores, mask)
+
+
+class _NoTensorFlow:
+    available = False
+
+
+@contextlib.contextmanager
+def serialization_without_tensorflow() -> Iterator[None]:
+    """Keras's serialization (a layer's `get_config`, an initializer's `serialize`) asks
+    `tf.available` to recognise TensorShape / DType values, which imports TensorFlow where
+    it is installed; a config read off TensorFlow holds none of them, so while this block
+    runs the answer is no (TensorFlow already imported: nothing changes)."""
+    from keras.src.saving import serialization_lib
+
+    if "tensorflow" in sys.modules:
+        yield
+        return
+    saved = serialization_lib.tf
+    serialization_lib.tf = _NoTensorFlow()
+    try:
+        yield
+    finally:
+        serialization_lib.tf = saved

@@ -116,13 +116,21 @@ def checked_axes_dims(axes_dims, rotary_dim: int | None) -> tuple[int, ...]:
 
 
 def checked_mrope_section(section, rotary_dim: int | None) -> tuple[int, ...]:
-    """`section` as a tuple of >= 2 positive ints (channel pairs, summing to `rotary_dim / 2`)."""
+    """`section` as a tuple of >= 2 non-negative ints (channel pairs, summing to `rotary_dim / 2`).
+
+    An axis may have no pairs (a 0, as in small Qwen3.5 / Qwen2-VL configs: transformers
+    gives it an empty chunk); it still has its column in the positions.
+    """
     if not isinstance(section, (tuple, list)) or len(section) < 2:
         raise ValueError(
             f"mrope_section must list the channel pairs of each axis, got {section!r}."
         )
-    if not all(is_int(s) and s > 0 for s in section):
-        raise ValueError(f"mrope_section must be positive integers, got {section!r}.")
+    if not all(is_int(s) and s >= 0 for s in section):
+        raise ValueError(f"mrope_section must be non-negative integers, got {section!r}.")
+    if sum(section) == 0:
+        raise ValueError(
+            f"mrope_section must give at least one axis a channel pair, got {section!r}."
+        )
     if rotary_dim is not None and 2 * sum(section) != rotary_dim:
         raise ValueError(
             f"mrope_section {tuple(section)} counts {sum(section)} channel pairs, but "
@@ -139,13 +147,18 @@ class AxisPairs:
         omega: float64 frequencies, one per channel pair, in channel-pair order.
         axis: the axis each pair takes its coordinate from.
         scale: multiplies every value (RoPE's attention factor).
+        axes: the number of axes of the positions (default: the largest in `axis`, + 1);
+            an axis no pair takes has no table.
     """
 
-    def __init__(self, omega: np.ndarray, axis: np.ndarray, scale: float = 1.0):
-        self.axes = int(axis.max()) + 1
-        self.tables = [FrequencyTable(omega[axis == a], scale) for a in range(self.axes)]
+    def __init__(
+        self, omega: np.ndarray, axis: np.ndarray, scale: float = 1.0, axes: int | None = None
+    ):
+        self.axes = int(axis.max()) + 1 if axes is None else axes
+        self.used_axes = [a for a in range(self.axes) if np.any(axis == a)]
+        self.tables = [FrequencyTable(omega[axis == a], scale) for a in self.used_axes]
         # Pairs grouped by axis, then put back in channel-pair order.
-        grouped = np.concatenate([np.flatnonzero(axis == a) for a in range(self.axes)])
+        grouped = np.concatenate([np.flatnonzero(axis == a) for a in self.used_axes])
         order = np.argsort(grouped)
         self.order = None if np.array_equal(order, np.arange(len(order))) else order
 
@@ -175,7 +188,7 @@ class AxisPairs:
                 axis[chosen] = a
         else:
             axis = np.repeat(np.arange(len(section)), section)
-        return cls(omega, axis, scale)
+        return cls(omega, axis, scale, axes=len(section))
 
     def stored_arrays(self) -> dict[str, np.ndarray]:
         """The host arrays an export holds as constants, by name: each axis's split tables
@@ -183,13 +196,16 @@ class AxisPairs:
         names = ("fine_sin", "fine_cos", "coarse_sin", "coarse_cos")
         return {
             f"axis{a}_{name}": constant.array
-            for a, table in enumerate(self.tables)
+            for a, table in zip(self.used_axes, self.tables, strict=True)
             for name, constant in zip(names, table._split_tables, strict=True)
         }
 
     def sin_cos(self, positions) -> tuple:
         """`(sin, cos)` per pair for positions `(..., axes)`: shape `(..., pairs)`."""
-        parts = [table.sin_cos(positions[..., a]) for a, table in enumerate(self.tables)]
+        parts = [
+            table.sin_cos(positions[..., a])
+            for a, table in zip(self.used_axes, self.tables, strict=True)
+        ]
         sin = ops.concatenate([p[0] for p in parts], -1)
         cos = ops.concatenate([p[1] for p in parts], -1)
         if self.order is not None:

@@ -7,7 +7,7 @@ numbers here are those definitions, computed in float64 on the host:
 - `linear`: `ω / factor`.
 - `dynamic` (NTK): past `max_position_embeddings` = M, with total length L the base becomes
   `base · (factor·L/M - (factor - 1))^(d/(d-2))`. L is only known at run time, so these
-  frequencies are made in the graph (see `DynamicRows`).
+  frequencies are made for it as two float32 words (`keras_posenc.dynamic_ntk`).
 - `yarn`: a ramp between interpolated (`ω / factor`) and extrapolated (`ω`) frequencies
   set by `beta_fast` / `beta_slow` (optionally `truncate`d), and an attention factor from
   `mscale` / `mscale_all_dim` (or given).
@@ -134,7 +134,17 @@ def rope_parameters(rotary_dim: int, max_wavelength: float, scaling: dict | None
         return _llama3(omega, scaling)
     if rope_type == "proportional":
         return _proportional(omega, rotary_dim, scaling)
-    return _longrope(omega, rotary_dim, scaling)
+    if rope_type == "longrope":
+        return _longrope(omega, rotary_dim, scaling)
+    if rope_type == "axial":
+        raise ValueError(
+            "rope_type 'axial' (transformers' 2D vision RoPE) turns pairs by two coordinates, "
+            "not one scaling of one axis: use RotaryEmbedding(axes_dims=(d/2, d/2)) with "
+            "positions (tokens, 2), which RotaryEmbedding.from_transformers_config reads."
+        )
+    raise ValueError(
+        f"rope_type {rope_type!r} has no frequencies here; expected one of {tuple(ROPE_TYPES)}."
+    )
 
 
 def _yarn(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
@@ -261,13 +271,13 @@ class SwitchByLength:
 
 
 class DynamicRows:
-    """Rows for dynamic NTK scaling, with frequencies made in the graph for the total length
-    (`tricks().dynamic_turns`), rotated by the fixed-point `tricks().exact_sin_cos`."""
+    """Rows for dynamic NTK scaling: frequencies for the total length as two float32 words
+    (`keras_posenc.dynamic_ntk`), rotated by the fixed-point `tricks().exact_sin_cos`."""
 
     def __init__(self, omega: np.ndarray, factor: float, max_position_embeddings: int, layout):
-        self.omega = omega
-        self.factor = factor
-        self.max_position_embeddings = max_position_embeddings
+        from keras_posenc.dynamic_ntk import DynamicFrequencies
+
+        self.frequencies = DynamicFrequencies(omega, factor, max_position_embeddings)
         self.layout = layout
 
     def slice(self, start, length, combine=as_rows, traced=None):
@@ -279,6 +289,5 @@ class DynamicRows:
         return self._rows(positions, ops.max(positions) + 1)
 
     def _rows(self, positions, total_length) -> tuple:
-        t = tricks()
-        turns = t.dynamic_turns(total_length, self.omega, self.factor, self.max_position_embeddings)
-        return tuple(self.layout(*t.exact_sin_cos(positions, turns)))
+        turns = self.frequencies.turns(total_length)
+        return tuple(self.layout(*tricks().exact_sin_cos(positions, turns)))

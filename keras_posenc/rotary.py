@@ -361,9 +361,8 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         """The `ω` this layer rotates with when the total length is `total_length`.
 
         Differs from the plain `max_wavelength^(-2k/d)` under `scaling`; depends on the
-        length only for `dynamic` and `longrope`. float64 where the frequencies are made on
-        the host; for dynamic scaling past `max_position_embeddings`, the float32 values
-        made in the graph (the rotation is exact for those).
+        length only for `dynamic` and `longrope`. float64 (for dynamic scaling past
+        `max_position_embeddings`, the layer holds them as two float32 words: within 2^-44).
         """
         if not self.built:
             raise ValueError("Call the layer (or build it) first: rotary_dim comes from the input.")

@@ -9,7 +9,6 @@ of rows (`keras_posenc.rope_scaling` defines the frequencies themselves).
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 
 from keras_posenc import layouts
@@ -75,9 +74,8 @@ def scaled_inverse_frequencies(
 ) -> np.ndarray:
     """The `ω` of `rotary_dim` channels under `scaling` when the total length is `total_length`.
 
-    See `RotaryEmbedding.inverse_frequencies`: float64 where the frequencies are made on
-    the host; for dynamic scaling past `max_position_embeddings`, the float32 values made
-    in the graph.
+    See `RotaryEmbedding.inverse_frequencies`: float64 (for dynamic scaling past
+    `max_position_embeddings`, the float64 values the layers' two float32 words hold).
     """
     parameters = rope_parameters(rotary_dim, max_wavelength, scaling)
     past_switch = (
@@ -88,13 +86,9 @@ def scaled_inverse_frequencies(
     if past_switch and parameters.long_inverse_frequencies is not None:
         return parameters.long_inverse_frequencies
     if past_switch and parameters.dynamic_factor is not None:
-        # The frequencies this backend's graphs make (TensorFlow's, or `keras.ops`').
-        turns = tricks().dynamic_turns(
-            total_length,
-            parameters.inverse_frequencies,
-            parameters.dynamic_factor,
-            parameters.switch_length,
-        )
-        # (A device tensor on torch: to the host first.)
-        return 2 * np.pi * keras.ops.convert_to_numpy(turns).astype(np.float64)
+        from keras_posenc.dynamic_ntk import DynamicFrequencies
+
+        return DynamicFrequencies(
+            parameters.inverse_frequencies, parameters.dynamic_factor, parameters.switch_length
+        ).host_inverse_frequencies(total_length)
     return parameters.inverse_frequencies

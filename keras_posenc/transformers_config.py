@@ -18,6 +18,7 @@ from typing import Any
 from keras_posenc.rope_scaling import rope_parameters
 from keras_posenc.scaling_keys import short_repr
 from keras_posenc.transformers_attention_keys import attention_settings
+from keras_posenc.transformers_axial import axial_arguments, is_axial
 from keras_posenc.transformers_entries import (
     entry_arguments,
     mrope_arguments,
@@ -239,7 +240,10 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     >>> rotary_arguments(pythia)
     {'max_wavelength': 10000.0, 'layout': 'half', 'rotary_dim': 16, 'scaling': None}
     """
-    config = _language_config(_as_dict(config))
+    config = _as_dict(config)
+    if is_axial(config):
+        return axial_arguments(config, layer_type, layout)
+    config = _language_config(config)
     model_type, family = _family(config, layout)
     consumed = {"model_type", "qk_rope_head_dim"}
     if family.no_rope == "no_rope_layers":

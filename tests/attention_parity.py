@@ -23,9 +23,6 @@ SIZES = {
     "max_position_embeddings": 128,
     "pad_token_id": 0,
 }
-# Float32 attention of unit-sized inputs with weights of std 0.3: outputs of order 1, summed
-# over 64 channels twice; 1e-5 is a few ulps of the largest output, not a fitted number.
-ATOL = 1e-5
 _NORMS = {
     "query": ("q_norm", "q_layernorm", "query_layernorm"),
     "key": ("k_norm", "k_layernorm", "key_layernorm"),
@@ -61,6 +58,7 @@ def transformers_side(raw: dict, length: int):
         def hook(module, args, kwargs, output, index=index):
             hidden = kwargs.get("hidden_states", args[0] if args else None)
             seen[index] = (module, hidden.detach().numpy(), output[0].detach().numpy())
+            module._parity_kwargs = kwargs  # the tables and mask, for `exact_attention`
 
         hooks.append(attention.register_forward_hook(hook, with_kwargs=True))
     ids = torch.tensor(np.random.default_rng(0).integers(1, 64, (2, length)))
@@ -131,3 +129,113 @@ def cached_outputs(layer, x: np.ndarray, prefill: int) -> np.ndarray:
         )
         outputs.append(np.asarray(output))
     return np.concatenate(outputs, axis=1)
+
+
+def exact_attention(module, x: np.ndarray, arguments=None, query_factor=None):
+    """`(output, bound)`: transformers' `module` run in float64 on `x`, and the most a float32
+    evaluation of the same attention can be from it (`attention_error.attention_error`).
+
+    The module's float64 twin gives the exact output, the probabilities and each q/k norm's
+    input and output (their gains); the call's other arguments (RoPE tables, mask) are
+    `arguments`, by default those `transformers_side` saw. `query_factor`: the queries'
+    factors per position (Llama 4's attention temperature), if any.
+    """
+    import copy
+
+    import torch
+    from attention_error import attention_error
+    from float32_error import TABLE_ERROR, U, torch_table_error
+
+    twin = copy.deepcopy(module).double()
+    kwargs = {}
+    arguments = module._parity_kwargs if arguments is None else arguments
+    for name, value in arguments.items():
+        if name in ("cache", "past_key_values", "past_key_value", "hidden_states"):
+            continue
+        if isinstance(value, tuple):
+            value = tuple(t.double() if torch.is_tensor(t) else t for t in value)
+        elif torch.is_tensor(value) and value.is_floating_point():
+            value = value.double()
+        kwargs[name] = value
+    tables = arguments.get("position_embeddings")
+    if tables is not None:  # (cos, sin), or Llama 4's complex cos + i sin
+        size = tables[0] ** 2 + tables[1] ** 2 if isinstance(tables, tuple) else tables.abs() ** 2
+        # attention_error takes a rotation to keep a vector's length: no attention factor.
+        assert float(size.max()) <= 1 + 8 * U, "a RoPE attention factor: not in the bound"
+    records, hooks = [], []
+    for name, child in twin.named_children():
+        if "norm" in name:
+            hooks.append(
+                child.register_forward_hook(
+                    lambda _, args, out: records.append((args[0].numpy(), out.numpy()))
+                )
+            )
+    with torch.no_grad():
+        output, weights = twin(hidden_states=torch.tensor(x, dtype=torch.float64), **kwargs)[:2]
+    for hook in hooks:
+        hook.remove()
+    batch, length, _ = x.shape
+    heads, head_dim = module.config.num_attention_heads, module.head_dim
+    kv_heads = module.config.num_key_value_heads
+    norms = {}
+    for a, b in records:
+        if a.ndim == 4 and a.shape[1] != length:  # (batch, heads, T, head_dim)
+            a, b = a.transpose(0, 2, 1, 3), b.transpose(0, 2, 1, 3)
+        a, b = (t.reshape(batch, length, -1, t.shape[-1]) for t in (a, b))
+        role = "query" if a[0, 0].size == heads * head_dim else "key"
+        assert role not in norms and a[0, 0].size in (heads * head_dim, kv_heads * head_dim)
+        norms[role] = (a, b)
+    kernels = {}
+    projections = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj"}
+    for role, name in projections.items():
+        linear = getattr(module, name, None) or module.out_proj
+        kernels[role] = linear.weight.detach().double().numpy().T
+        if linear.bias is not None:
+            kernels[role + "_bias"] = linear.bias.detach().double().numpy()
+    bound = attention_error(
+        x.astype(np.float64),
+        kernels,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        scale=module.scaling,
+        weights=weights.numpy(),
+        norms=norms,
+        gate=kernels["query"].shape[1] == 2 * heads * head_dim,
+        # The twin's tables are torch's float32 ones (`torch_table_error`), the package's
+        # within TABLE_ERROR of the exact ones; 4 u more where the twin rotates in float32
+        # still (Llama 4's complex product).
+        table_error=TABLE_ERROR + torch_table_error(length) + 4 * U,
+        query_factor=query_factor,
+    )
+    return output.numpy(), bound
+
+
+def assert_same_attention(actual, module, x: np.ndarray, expected=None) -> None:
+    """Assert a float32 attention output, and transformers' own (`expected`), lie within the
+    float32 bound of `module`'s exact (float64) output on `x`."""
+    from float32_error import _assert_at_most
+
+    if getattr(module, "_parity_exact", None) is None:
+        module._parity_exact = exact_attention(module, x)
+    exact, bound = module._parity_exact
+    for result in (actual, expected) if expected is not None else (actual,):
+        _assert_at_most(np.abs(np.asarray(result, np.float64) - exact), bound, None)
+
+
+def assert_other_attention(actual, module, x: np.ndarray) -> None:
+    """Assert a float32 attention output is outside the float32 bound of `module`'s exact
+    output somewhere: no float32 evaluation of `module`'s attention could give it."""
+    if getattr(module, "_parity_exact", None) is None:
+        module._parity_exact = exact_attention(module, x)
+    exact, bound = module._parity_exact
+    difference = np.abs(np.asarray(actual, np.float64) - exact)
+    assert (difference > bound).any(), f"within the float32 bound: {difference.max():.3g}"
+
+
+def norm_epsilon(module) -> float | None:
+    """The epsilon of transformers' q/k norm in attention `module` (None: no norm)."""
+    for name, child in module.named_children():
+        if "norm" in name:
+            return float(getattr(child, "variance_epsilon", getattr(child, "eps", None)))
+    return None

@@ -243,3 +243,83 @@ def worst_fraction(actual, expected: Bounded, where=None) -> float:
     if where is not None:
         error, bound = error[where], bound[where]
     return float(np.nanmax(error / np.maximum(bound, 1e-300)))
+
+
+# --- attention as a whole: transformers' modules beside the package's layers ----------------
+
+RSQRT_ULPS = 4  # rsqrt / 1 / sqrt within 2 ulp on Eigen, XLA and torch; 4 leaves room
+
+
+def linear_error(x, kernel, bias=None, unit: float = U) -> np.ndarray:
+    """Bound of `x @ kernel + bias` (kernel `(in, out)`) per output: `γ_{K+1}(|x||W| + |b|)`.
+
+    `unit`: the unit roundoff (`U` for float32; `2.0**-53` for float64).
+    """
+    magnitude = np.abs(x) @ np.abs(kernel) + (0.0 if bias is None else np.abs(bias))
+    return _gamma(kernel.shape[0] + 1, unit) * magnitude
+
+
+def _gamma(n: int, unit: float) -> float:
+    return n * unit / (1 - n * unit)
+
+
+def assert_within_bound(actual, exact, bound, where=None, what: str = "") -> None:
+    """Assert `|actual - exact| <= bound` elementwise (`where`: the elements compared;
+    `what`: named in the message)."""
+    try:
+        _assert_at_most(np.abs(np.asarray(actual, np.float64) - exact), bound, where)
+    except AssertionError as error:
+        raise AssertionError(f"{what}: {error}" if what else str(error)) from None
+
+
+def torch_table_error(max_position: float, scaled: bool = False) -> float:
+    """How far transformers' float32 cos / sin tables are from the exact ones up to a position.
+
+    torch forms `ω = 1 / base^(2k/d)` in float32: the exponent rounded (`u` of it, so
+    `ln(1/ω) u` of `ω`), the power within 4 ulp, the division one rounding; then `p·ω` one
+    rounding, so the angle is within `p ω (ln(1/ω) + 6) u <= p (1/e + 6) u` (`ω <= 1`), and
+    cos / sin (1 ulp) times the attention factor (1 rounding) add `2u`: `(7p + 2) u`.
+    `scaled`: a scaled RoPE (linear, llama3, YaRN, dynamic NTK) whose frequencies take up to
+    16 more roundings of `ω` (llama3's smoothing, YaRN's blend) and its factor's own: `+16p u`.
+    """
+    return ((7 + (16 if scaled else 0)) * max_position + 2) * U
+
+
+def rotation_error(x, table_error: float = TABLE_ERROR, factor: float = 1.0) -> np.ndarray:
+    """Bound of one float32 RoPE of `x` (heads on the last axis), per element.
+
+    Each output `a cos - b sin` of a pair: the table entries within `τ` each, two products
+    and a sum: within `(τ + 3u)(|a| + |b|) <= 2 (τ + 3u) max|x|` over the head; tables
+    times an attention factor `f >= 1` (entries up to `f`, `τ` relative to that): `f` times.
+    """
+    x = np.abs(np.asarray(x, np.float64))
+    scale = 2 * max(factor, 1.0) * (table_error + 3 * U)
+    return np.broadcast_to(scale * x.max(-1, keepdims=True), x.shape)
+
+
+def torch_frequency_error(omega, scaled: bool = False) -> np.ndarray:
+    """How far transformers' float32 RoPE frequencies can be from the exact `omega`.
+
+    `1 / base^(2k/d)`: the exponent's rounding (`ln(1/ω) u` of `ω`), the power (4 ulp), the
+    division and the final rounding to float32: `(ln(1/ω) + 6) u ω`; `scaled` (linear,
+    llama3, YaRN, proportional...): up to 16 more roundings of `ω`. Zero stays zero.
+    """
+    omega = np.abs(np.asarray(omega, np.float64))
+    with np.errstate(divide="ignore"):
+        log = np.where(omega > 0, np.log(1 / np.where(omega > 0, omega, 1)), 0.0)
+    return (np.maximum(log, 0) + 6 + (16 if scaled else 0)) * U * omega
+
+
+def position_sum_error(x, table_error: float = TABLE_ERROR, table_magnitude: float = 1.0):
+    """Bound of `x + table` in float32, the table's entries (`|t| <= table_magnitude`) within
+    `table_error` of the exact ones: that error, then one rounding of the sum."""
+    x = np.abs(np.asarray(x, np.float64))
+    return table_error + U * (x + table_magnitude + table_error)
+
+
+def table_dot_error(width: int, table_error: float = TABLE_ERROR, magnitude: float = 1.0):
+    """Bound of a float32 dot product of two rows of `width` entries, each entry within
+    `table_error` of the exact one and `|t| <= magnitude`: the operands' errors through the
+    products, then `γ_width` of `Σ|a||b|`."""
+    carried = width * (2 * table_error * magnitude + table_error**2)
+    return carried + gamma(width) * width * (magnitude + table_error) ** 2

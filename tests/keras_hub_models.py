@@ -10,10 +10,14 @@ or N(0, 1/width) where the head reads them), norm scales 1 + N(0, 0.2²) (Gemma'
 
 from __future__ import annotations
 
+import importlib.util
+
 import keras_hub
 import numpy as np
 
 VOCABULARY, MAX_LENGTH = 100, 128
+# save_decoder's verification runs the folder in og.Model too where onnxruntime-genai is installed.
+GENAI = ["onnxruntime-genai"] if importlib.util.find_spec("onnxruntime_genai") else []
 COMMON = dict(
     vocabulary_size=VOCABULARY,
     num_layers=2,

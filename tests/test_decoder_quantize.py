@@ -191,10 +191,10 @@ def test_a_tampered_file_fails_the_verification(tmp_path, level):
         tampered = onnx.ModelProto()
         tampered.CopyFrom(written)
         tamper(tampered)
-        onnx.save(tampered, tmp_path / "model.onnx")
+        onnx.save(tampered, folder / "model.onnx")  # beside its genai_config.json
         quantization = Quantization(4, 32, level)
         # As save_decoder verifies: with int8 activations, the same bytes in float too.
-        runtimes = save._runtimes(tmp_path, ("onnx",), MAX_LENGTH, quantization)
+        runtimes = save._runtimes(folder, ("onnx",), MAX_LENGTH, quantization)
         report = verify_quantized_decoder(
             model, decoder, False, runtimes, MAX_LENGTH, quantization, Progress(0, folder)
         )

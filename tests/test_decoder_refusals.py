@@ -231,8 +231,14 @@ def test_keras_hub_qwen2_with_its_sliding_window_is_exported_and_verified(tmp_pa
         return
     report = save_decoder(_qwen2_windowed(), tmp_path / "out", max_length=HUB_LENGTH)
     assert report["passed"]
-    # The third case goes past the window (window 16 < 128 slots).
-    assert len(report["cases"]) == 3
+    # A case goes past the window (window 16 < 128 slots), then the teacher-forced one.
+    assert [case["name"].split(" ")[0] for case in report["cases"]] == [
+        "batch",
+        "batch",
+        "batch",
+        "teacher-forced,",
+    ]
+    assert "past the window" in report["cases"][2]["name"]
 
 
 def test_keras_hub_qwen2_window_matters():

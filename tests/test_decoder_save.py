@@ -79,10 +79,11 @@ def test_save_decoder_writes_a_verified_genai_folder(tmp_path):
     report = save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH, formats=formats)
     files = {path.name for path in (tmp_path / "out").iterdir()}
     assert {"model.onnx", "genai_config.json", "model.tflite", "verification.json"} <= files
-    assert report["passed"] and [c["batch"] for c in report["cases"]] == [1, 4]
+    # The greedy cases, then the teacher-forced one over every position (batch 1).
+    assert report["passed"] and [c["batch"] for c in report["cases"]] == [1, 4, 1]
     assert report["formats"] == ["onnx", "litert"]
+    assert [case["steps"] for case in report["cases"]] == [64, 64, 0]
     for case in report["cases"]:
-        assert case["steps"] == 64
         for runtime in ("onnxruntime", "litert"):
             result = case["runtimes"][runtime]
             assert result["same_tokens"] and result["max_abs_error"] < check.ATOL, runtime

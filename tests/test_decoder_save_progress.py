@@ -21,7 +21,7 @@ def test_the_phases_are_said_in_order_on_stderr(model, tmp_path, capsys):
     save_decoder(model, tmp_path / "out", max_length=MAX_LENGTH)
     out, err = capsys.readouterr()
     assert out == ""
-    phases = [r"describ", r"writ", r"case 1 of 2", r"case 2 of 2", r"verified"]
+    phases = [r"describ", r"writ", r"case 1 of 3", r"case 2 of 3", r"case 3 of 3", r"verified"]
     found = [re.search(phase, err) for phase in phases]
     assert all(found), err
     assert [m.start() for m in found] == sorted(m.start() for m in found), err

@@ -71,6 +71,7 @@ def test_save_decoder_standard_serves_head_dims_gqa_refuses(tmp_path):
     assert [case["runtimes"]["onnxruntime"]["same_tokens"] for case in report["cases"]] == [
         True,
         True,
+        True,  # the teacher-forced case
     ]
 
 

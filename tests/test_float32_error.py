@@ -84,3 +84,59 @@ def test_the_bound_is_far_below_the_error_of_a_wrong_position():
     with pytest.raises(AssertionError, match="outside their float32 bound"):
         assert_within(shifted_query.value, right)
     assert np.abs(shifted_query.value - right.value).max() > 10 * right.error.max()
+
+
+def _grouped_attention(x, kernels, heads, kv_heads, dtype, epsilon=1e-6):
+    """Causal grouped attention with per-head RMS q/k norms, every step in `dtype`."""
+    x = x.astype(dtype)
+    batch, length, _ = x.shape
+
+    def project(name, count):
+        out = x @ kernels[name].astype(dtype) + kernels[name + "_bias"].astype(dtype)
+        return out.reshape(batch, length, count, -1)
+
+    def norm(t):
+        return t / np.sqrt(np.mean(t * t, -1, keepdims=True) + dtype(epsilon))
+
+    a_q, a_k = project("query", heads), project("key", kv_heads)
+    q, k, v = norm(a_q), norm(a_k), project("value", kv_heads)
+    k, v = (np.repeat(t, heads // kv_heads, axis=2) for t in (k, v))
+    scores = np.einsum("bthd,bshd->bhts", q, k) * dtype(q.shape[-1] ** -0.5)
+    scores = np.where(np.tri(length, dtype=bool), scores, dtype(-np.inf))
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights = weights / weights.sum(-1, keepdims=True)
+    context = np.einsum("bhts,bshd->bthd", weights, v).reshape(batch, length, -1)
+    output = context @ kernels["output"].astype(dtype) + kernels["output_bias"].astype(dtype)
+    return output, weights, {"query": (a_q, q), "key": (a_k, k[:, :, :: heads // kv_heads])}
+
+
+def test_the_attention_bound_holds_for_a_float32_evaluation():
+    from attention_error import attention_error
+
+    heads, kv_heads, head_dim, width = 4, 2, 16, 64
+    x = RNG.normal(size=(2, 8, width)).astype(np.float32)
+    kernels = {}
+    for name, outputs in (("query", heads), ("key", kv_heads), ("value", kv_heads)):
+        kernels[name] = RNG.normal(size=(width, outputs * head_dim)).astype(np.float32) * 0.3
+        kernels[name + "_bias"] = RNG.normal(size=outputs * head_dim).astype(np.float32)
+    kernels["output"] = RNG.normal(size=(heads * head_dim, width)).astype(np.float32) * 0.3
+    kernels["output_bias"] = RNG.normal(size=width).astype(np.float32)
+    exact, weights, norms = _grouped_attention(x, kernels, heads, kv_heads, np.float64)
+    kernels = {name: value.astype(np.float64) for name, value in kernels.items()}
+    bound = attention_error(
+        x.astype(np.float64),
+        kernels,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        weights=weights,
+        norms=norms,
+    )
+    actual, _, _ = _grouped_attention(x, kernels, heads, kv_heads, np.float32)
+    assert actual.dtype == np.float32
+    error = np.abs(actual - exact)
+    assert (error <= bound).all()
+    # It still tells: outputs 1% off are outside it.
+    wrong = exact * (1 + 1e-2)
+    assert (np.abs(wrong - exact) > bound).any()

@@ -23,6 +23,7 @@ import onnxruntime
 import pytest
 from keras_hub_models import (
     FAMILIES_2026,
+    GENAI,
     MAX_LENGTH,
     VOCABULARY,
     assert_greedy_is_generate,
@@ -45,10 +46,11 @@ def _passed(report, runtimes, windowed: bool):
     assert report["passed"]
     assert [case["steps"] for case in report["cases"]][:2] == [64, 64]
     # A windowed family (Gemma 4) also runs past its window.
-    names = [case["name"] for case in report["cases"]][2:]
+    names = [case["name"] for case in report["cases"]][2:-1]  # the last: teacher-forced
     assert [name.startswith("batch 2 past the window") for name in names] == [True] * windowed
     for case in report["cases"]:
-        assert sorted(case["runtimes"]) == sorted(runtimes)
+        # og.Model on the folder too, where onnxruntime-genai is installed.
+        assert sorted(case["runtimes"]) == sorted(runtimes + GENAI)
         for result in case["runtimes"].values():
             assert result["same_tokens"] and result["within_tolerance"], (case["name"], result)
 

@@ -26,6 +26,7 @@ import onnxruntime
 import pytest
 from keras_hub_models import (
     FAMILIES,
+    GENAI,
     MAX_LENGTH,
     VOCABULARY,
     assert_greedy_is_generate,
@@ -82,9 +83,12 @@ def test_export_generates_as_keras_hub(tmp_path, family):
     assert report["passed"]
     # The windowed families' third case goes past the window to the cache's end.
     long = [check.LONG_STEPS] if family in WINDOWED else []
-    assert [case["steps"] for case in report["cases"]] == [64, 64, *long]
-    assert report["cases"][-1]["last_position"] == (MAX_LENGTH - 1 if long else 71)
+    # Then the teacher-forced case over every position (no steps).
+    assert [case["steps"] for case in report["cases"]] == [64, 64, *long, 0]
+    assert report["cases"][-2]["last_position"] == (MAX_LENGTH - 1 if long else 71)
+    assert report["cases"][-1]["positions"] == [0, MAX_LENGTH - 1]
     runtimes = ["onnxruntime", "litert"] if litert else ["onnxruntime"]
+    runtimes += GENAI  # og.Model on the folder, where onnxruntime-genai is installed
     for case in report["cases"]:
         assert sorted(case["runtimes"]) == sorted(runtimes)
         for result in case["runtimes"].values():

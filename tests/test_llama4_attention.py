@@ -12,6 +12,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from attention_parity import exact_attention
+from float32_error import assert_within_bound
 
 from keras_posenc import RotaryGroupQueryAttention, attention_temperature
 from keras_posenc import export as kpe
@@ -73,6 +75,27 @@ def _torch_side():
                 for i, layer in enumerate(layers)
             ]
 
+    def exact(x: np.ndarray, padding=None) -> list:
+        """Per layer `(output, float32 bound)` of `x` from position 0, no cache, in float64."""
+        tokens = torch.from_numpy(x)
+        position_ids = torch.arange(x.shape[1])[None]
+        if padding is not None:
+            padding = torch.from_numpy(padding[:, : x.shape[1]].astype(np.int64))
+        results = []
+        for i, layer in enumerate(layers):
+            make = makers[config.layer_types[i]]
+            mask = make(config, tokens, padding, None, position_ids=position_ids)
+            arguments = {"position_embeddings": rotary(tokens, position_ids)}
+            arguments["attention_mask"] = mask
+            factor = None
+            if layer.attn_temperature_tuning and not layer.use_rope:  # transformers' formula
+                positions = np.arange(x.shape[1], dtype=np.float64)
+                factor = np.log1p(np.floor((positions + 1) / layer.floor_scale))
+                factor = factor * layer.attn_scale + 1
+            results.append(exact_attention(layer, x, arguments, query_factor=factor))
+        return results
+
+    step.exact = exact
     return layers, step
 
 
@@ -120,6 +143,7 @@ def test_from_transformers_config_gives_each_layer_its_transformers_attention():
     torch_layers, torch_step = _torch_side()
     x = np.random.default_rng(3).normal(size=(2, 7, HIDDEN)).astype(np.float32)
     expected = torch_step(x, 0)  # 7 tokens: chunks of 3 and temperature steps of 2 matter
+    exact = torch_step.exact(x)
     for index, (layer_type, source) in enumerate(
         zip(("chunked_attention", "full_attention"), torch_layers, strict=True)
     ):
@@ -128,7 +152,8 @@ def test_from_transformers_config_gives_each_layer_its_transformers_attention():
         )
         _copy_weights(layer, source)
         output = layer(x, x, use_causal_mask=True)
-        np.testing.assert_allclose(output, expected[index], rtol=0, atol=1e-5)
+        assert_within_bound(output, *exact[index])
+        assert_within_bound(expected[index], *exact[index])
         # Here each layer type is RoPE or NoPE throughout: the type alone says which.
         assert attention_arguments(CONFIG, layer_type) == attention_arguments(
             CONFIG, layer_index=index
@@ -167,6 +192,12 @@ def test_chunked_and_tempered_attention_match_transformers_with_a_cache():
     layers = _keras_layers(torch_layers)
     x = np.random.default_rng(1).normal(size=(2, 7, HIDDEN)).astype(np.float32)
     caches = [np.zeros((2, 2, MAX_LENGTH, KV_HEADS, HEAD_DIM), np.float32) for _ in layers]
+    whole = torch_step.exact(x)  # per layer (output, bound) of the 7 tokens
+    exact = [(value[:, :5], bound[:, :5]) for value, bound in whole]
+    rows = {
+        start: [(value[:, start:stop], bound[:, start:stop]) for value, bound in whole]
+        for start, stop in ((0, 5), (5, 6), (6, 7))
+    }
     # The prefill ends inside chunk 1; step 5 stays there, step 6 opens chunk 2.
     for start, stop in ((0, 5), (5, 6), (6, 7)):
         expected = torch_step(x[:, start:stop], start)
@@ -178,11 +209,12 @@ def test_chunked_and_tempered_attention_match_transformers_with_a_cache():
                 cache=caches[i],
                 cache_update_index=start,
             )
-            np.testing.assert_allclose(output, expected[i], rtol=0, atol=1e-5)
+            assert_within_bound(output, *rows[start][i])
+            assert_within_bound(expected[i], *rows[start][i])
         if start == 0:  # the prefill without a cache too, and the options change it
-            for layer, want in zip(layers, expected, strict=True):
+            for layer, prefill in zip(layers, exact, strict=True):
                 full = layer(x[:, :5], x[:, :5], use_causal_mask=True)
-                np.testing.assert_allclose(full, want, rtol=0, atol=1e-5)
+                assert_within_bound(full, *prefill)
             # Without the option each layer is another attention: the test can fail.
             unchunked = RotaryGroupQueryAttention(
                 HEAD_DIM, HEADS, KV_HEADS, rope_layout="interleaved", use_bias=False
@@ -204,6 +236,7 @@ def test_chunks_of_a_left_padded_row_start_at_its_first_token_as_in_transformers
     padding = np.ones((2, MAX_LENGTH), bool)
     padding[0, :2] = False  # row 0: 2 padding tokens, then its chunks 2-4 and 5-7
     caches = [np.zeros((2, 2, MAX_LENGTH, KV_HEADS, HEAD_DIM), np.float32) for _ in layers]
+    exact = torch_step.exact(x, padding)
     for start, stop in ((0, 5), (5, 6), (6, 7)):
         expected = torch_step(x[:, start:stop], start, padding)
         real = padding[:, start:stop]  # padding queries attend to nothing: not compared
@@ -217,11 +250,13 @@ def test_chunks_of_a_left_padded_row_start_at_its_first_token_as_in_transformers
                 cache_update_index=start,
                 cache_mask=padding,
             )
-            np.testing.assert_allclose(output[real], expected[i][real], rtol=0, atol=1e-5)
+            value, bound = (t[:, start:stop] for t in exact[i])
+            assert_within_bound(output, value, bound, where=real)
+            assert_within_bound(expected[i], value, bound, where=real)
             if start == 0:
                 masks = {"query_mask": padding[:, :5], "value_mask": padding[:, :5]}
                 full = layer(tokens, tokens, use_causal_mask=True, **masks)
-                np.testing.assert_allclose(full[real], expected[i][real], rtol=0, atol=1e-5)
+                assert_within_bound(full, value, bound, where=real)
 
 
 def _causal(steps: int, start: int, sources: int, first_key: int = 0) -> np.ndarray:
@@ -236,9 +271,10 @@ def test_chunks_without_a_cache_count_from_the_start_indices():
     layers = _keras_layers(torch_layers)
     x = np.random.default_rng(3).normal(size=(2, 7, HIDDEN)).astype(np.float32)
     expected = torch_step(x, 0)
-    for layer, want in zip(layers, expected, strict=True):
+    for layer, want, (value, bound) in zip(layers, expected, torch_step.exact(x), strict=True):
         rows = layer(x[:, 4:], x, query_start_index=4, attention_mask=_causal(3, 4, 7))
-        np.testing.assert_allclose(rows, want[:, 4:], rtol=0, atol=1e-5)
+        assert_within_bound(rows, value[:, 4:], bound[:, 4:])
+        assert_within_bound(want[:, 4:], value[:, 4:], bound[:, 4:])
 
 
 @pytest.mark.parametrize("temperature", [None, {"floor_scale": 2, "attn_scale": 0.5}])

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from float32_error import assert_within_bound, rotation_error
 
 from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention
 
@@ -158,7 +159,7 @@ def test_inverse_frequencies_and_outputs_match_the_definitions(
         want = rotate_half_reference(
             x, np.arange(start, start + 64), expected_omega, expected_factor
         )
-        assert np.abs(got - want).max() <= 1e-6, (start, np.abs(got - want).max())
+        assert_within_bound(got, want, rotation_error(x, factor=expected_factor), what=start)
 
 
 def test_longrope_chooses_factors_by_total_length_not_chunk_length():
@@ -174,7 +175,7 @@ def test_longrope_chooses_factors_by_total_length_not_chunk_length():
         # The threshold is on the total length start + 1: 4096 is still short, 4097 long.
         want = rotate_half_reference(x, [start], omega, factor)
         for got in (layer(x, start_index=start), step(x, tf.constant(start))):
-            assert np.abs(got.numpy() - want).max() <= 1e-6, start
+            assert_within_bound(got, want, rotation_error(x, factor=factor), what=start)
 
 
 def test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph():
@@ -192,7 +193,7 @@ def test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph():
         # ...and the rotation is exact for the frequencies used.
         want = rotate_half_reference(x, np.arange(start, total), used)
         for got in (layer(x, start_index=start), graph(x, tf.constant(start))):
-            assert np.abs(got.numpy() - want).max() <= 1e-6, start
+            assert_within_bound(got, want, rotation_error(x), what=start)
         # XLA forms exp/log with its own float32 rounding: compare with the definition
         # within what a 3e-7 relative change of the frequencies moves the angles.
         tolerance = 1e-6 + 3e-7 * total
@@ -425,13 +426,11 @@ def test_longrope_factors_as_numpy_arrays_work_through_a_keras_file(tmp_path):
     np.testing.assert_array_equal(stored["short_factor"], np.float32(SHORT).tolist())
     x = np.random.default_rng(8).uniform(-1, 1, (1, 3, 2, HEAD_DIM)).astype(np.float32)
     np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())
+    factor = math.sqrt(1 + math.log(32) / math.log(4096))
     want = rotate_half_reference(
-        x,
-        np.arange(5000, 5003),
-        plain_omega(10000.0) / np.array(LONG),
-        math.sqrt(1 + math.log(32) / math.log(4096)),
+        x, np.arange(5000, 5003), plain_omega(10000.0) / np.array(LONG), factor
     )
-    assert np.abs(loaded(x).numpy() - want).max() <= 1e-6
+    assert_within_bound(loaded(x).numpy(), want, rotation_error(x, factor=factor))
 
 
 def test_numpy_scalars_in_scaling_are_stored_as_plain_numbers(tmp_path):

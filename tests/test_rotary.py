@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import TABLE_ERROR, U
 from hypothesis import given
 from hypothesis import strategies as st
 from position_kinds import POSITION_KINDS
 
 from keras_posenc import RotaryEmbedding, _tf
 
-ROTARY_TOLERANCE = 5e-7
+# One rotation of inputs in [-1, 1] (float32_error.rotation_error): 2 (TABLE_ERROR + 3u).
+ROTARY_TOLERANCE = 2 * (TABLE_ERROR + 3 * U)
 LAYOUTS = ["half", "interleaved"]
 
 # (input shape, layer arguments, reference arguments): the input forms a layer accepts.

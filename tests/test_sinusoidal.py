@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import TABLE_ERROR, assert_within_bound, position_sum_error, table_dot_error
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +21,8 @@ from keras_posenc import (
     sinusoidal_table,
 )
 
-TABLE_TOLERANCE = 2e-7
+# A table entry's float32 bound (float32_error: the split's products and sum, |t| <= 1).
+TABLE_TOLERANCE = TABLE_ERROR
 LAYOUTS = ["interleaved", "concat"]
 
 
@@ -48,10 +50,12 @@ def test_dot_product_of_a_frequency_pair_depends_only_on_the_offset():
     for k in range(width // 2):
         pair = encoding[:, 2 * k : 2 * k + 2].astype(np.float64)
         for i, j in [(3, 7), (13, 17), (0, 19), (5, 5)]:
-            assert pair[i] @ pair[j] == pytest.approx(math.cos((i - j) * omega[k]), abs=2e-7)
-        assert pair[3] @ pair[7] == pytest.approx(pair[13] @ pair[17], abs=2e-7)
+            exact = math.cos((i - j) * omega[k])
+            assert pair[i] @ pair[j] == pytest.approx(exact, abs=table_dot_error(2))
+        assert pair[3] @ pair[7] == pytest.approx(pair[13] @ pair[17], abs=2 * table_dot_error(2))
     whole = encoding.astype(np.float64)
-    assert whole[3] @ whole[7] == pytest.approx(whole[13] @ whole[17], abs=1e-6)
+    bound = 2 * table_dot_error(width)
+    assert whole[3] @ whole[7] == pytest.approx(whole[13] @ whole[17], abs=bound)
 
 
 def test_self_attention_is_permutation_equivariant_without_positions_and_not_with_them():
@@ -85,7 +89,7 @@ def test_encoding_matches_the_formula(in_mode, positions_case, position_kind, la
     outputs = encode(*case.arguments(x))
     assert outputs.dtype == tf.float32 and outputs.shape == (batch, length, width)
     expected = x + reference.sinusoidal(case.positions, width, layout=layout)
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=TABLE_TOLERANCE + 1.2e-7)
+    assert_within_bound(outputs, expected, position_sum_error(x))
 
 
 @given(
@@ -376,13 +380,15 @@ def test_tensor2tensor_spacing_is_fairseqs_table_in_the_layer():
     width, length = 32, 600
     layer = SinusoidalPositionalEncoding(layout="concat", frequency_spacing="tensor2tensor")
     x = np.zeros((1, length, width), np.float32)
-    np.testing.assert_allclose(layer(x)[0], _fairseq_embedding(length, width), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        layer(x)[0], _fairseq_embedding(length, width), rtol=0, atol=TABLE_ERROR
+    )
     # Past the cached rows too (the split tables carry the spacing).
     np.testing.assert_allclose(
         layer(x, start_index=9000)[0],
         _fairseq_embedding(9000 + length, width)[9000:],
         rtol=0,
-        atol=2e-6,
+        atol=TABLE_ERROR,
     )
 
 

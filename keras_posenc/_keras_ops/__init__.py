@@ -9,7 +9,7 @@ and PyTorch, under the same names, module by module:
 - `tracing`: the graph being traced (always XLA under JAX; no export bound, no stored
   tables, which are TensorFlow's);
 - `rows`: checks and NaN poisoning, slices and run-time choices of rows;
-- `tables`: the split tables' rows, dynamic NTK's frequencies, the rows' layouts;
+- `tables`: the split tables' rows, the rotation of dynamic NTK's frequencies, the rows' layouts;
 - `rotation`: the dtype the layers combine in, RoPE's channel swap;
 - `attention`: what the attention layers' call needs (`keras_posenc._tf.attention`).
 
@@ -64,8 +64,8 @@ from keras_posenc._keras_ops.rows import (  # noqa: F401
     validity,
 )
 from keras_posenc._keras_ops.tables import (  # noqa: F401
+    apart,
     channel_tables,
-    dynamic_turns,
     encoding,
     exact_sin_cos,
     one_call_eagerly,

@@ -7,7 +7,6 @@ traced start reads the split tables by slices, which XLA:CPU runs far faster tha
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
 
@@ -88,44 +87,52 @@ def _run_by_slices(frequencies, start, length: int):
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
-def _split_halves(x):
-    scaled = x * 4097.0
-    high = scaled - (scaled - x)
-    return high, x - high
+def apart(compute: Callable, guard, width: int) -> tuple:
+    """`_tf.apart` here: under `jax.jit` (a traced `guard`) a `jax.lax.cond` keeps
+    `compute` out of the fused kernels of the rows; elsewhere plain `compute()`."""
+    if keras.backend.backend() != "jax" or not is_traced(guard):
+        return compute()
+    import jax
+
+    zeros = ops.zeros((width,), "float32")
+    return tuple(jax.lax.cond(guard >= 0, lambda: tuple(compute()), lambda: (zeros, zeros)))
 
 
-def exact_sin_cos(positions, turns):
+def _words(high, low):
+    """`_tf.tables._fixed_point_words` here (the same grid roundings)."""
+    w1 = ops.round(high * 4096.0) * (1.0 / 4096.0)
+    rest = high - w1
+    w2 = ops.round(rest * 2.0**24) * 2.0**-24
+    rest = (rest - w2) + low
+    w3 = ops.round(rest * 2.0**36) * 2.0**-36
+    return w1, w2, w3, rest - w3
+
+
+def exact_sin_cos(positions, turns: tuple):
     """`_tf.exact_sin_cos` here: the same fixed-point sum, so the same angles.
 
     JAX has no int64 by default: its sum is int32, which wraps modulo 2^32; a turn being
     2^31, the wrapped sum reduces to the same fraction of a turn (a bit mask, not floormod).
     """
     wide = "int64" if keras.backend.backend() == "torch" else "int32"
-    turns_high, turns_low = _split_halves(ops.cast(turns, "float32"))
+    words = _words(*(ops.cast(t, "float32") for t in turns))
     positions = ops.expand_dims(ops.cast(positions, "int32"), -1)
     position_low = positions % 4096
     position_high = ops.cast(positions - position_low, "float32")
     position_low = ops.cast(position_low, "float32")
+    # Exact products; position_high · w1 is left out: a multiple of 4096 times a multiple
+    # of 2^-12 is a whole number of turns.
+    products = [position_low * words[0]]
+    products += [p * w for p in (position_high, position_low) for w in words[1:3]]
+    products.append((position_high + position_low) * words[3])  # below 2^-13: rounded once
     fixed = ops.zeros((), wide)
-    for position_part in (position_high, position_low):
-        for turns_part in (turns_high, turns_low):
-            product = position_part * turns_part
-            fraction = product - ops.round(product)
-            fixed = fixed + ops.cast(ops.round(fraction * float(_TURN)), wide)
+    for product in products:
+        fraction = product - ops.round(product)
+        fixed = fixed + ops.cast(ops.round(fraction * float(_TURN)), wide)
     half = _TURN // 2
     wrapped = ops.bitwise_and(fixed + half, _TURN - 1) - half
     angle = ops.cast(wrapped, "float32") * np.float32(2.0 * np.pi / _TURN)
     return ops.sin(angle), ops.cos(angle)
-
-
-def dynamic_turns(total_length, omega: np.ndarray, factor: float, max_positions: int):
-    """`_tf.dynamic_turns` here (float32, as TensorFlow forms it)."""
-    dim = 2 * len(omega)
-    exponents = (np.arange(0, dim, 2, dtype=np.float64) / (dim - 2)).astype(np.float32)
-    length = ops.maximum(ops.cast(total_length, "float32"), float(max_positions))
-    growth = factor * length / float(max_positions) - (factor - 1.0)
-    correction = ops.exp(ops.convert_to_tensor(-exponents) * ops.log(growth))
-    return ops.convert_to_tensor((omega / (2 * math.pi)).astype(np.float32)) * correction
 
 
 # --------------------------------------------------------------------------------------

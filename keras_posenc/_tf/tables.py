@@ -1,14 +1,14 @@
 """The values of the encoder layers' rows in TensorFlow's graphs: what they are made of.
 
-The split tables' lookup of any position, the fixed-point rotation of frequencies made in
-the graph (dynamic NTK), and the layouts of the rows, in ops shaped for the converters.
+The split tables' lookup of any position, the fixed-point rotation of frequencies known
+only at run time (dynamic NTK, `keras_posenc.dynamic_ntk`), and the layouts of the rows,
+in ops shaped for the converters.
 Re-exported by `keras_posenc._tf`; `keras_posenc._keras_ops.tables` has the same names.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -41,68 +41,83 @@ def run_sin_cos(frequencies, start, length, top: int, below: int | None):
     return frequencies.sin_cos(clamped_run(start, length, top), below=below)
 
 
-def _split(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    # Veltkamp: x = high + low with 12 significant bits each, so the product of any two
-    # halves is exact in float32 (no rounding, and no change if fused into an FMA).
-    scaled = x * 4097.0
-    high = scaled - (scaled - x)
-    return high, x - high
+def _fixed_point_words(high, low, round_):
+    """`high + low` (a frequency in turns, below 1) as `w1 + w2 + w3 + w4`: `w1`, `w2`, `w3`
+    multiples of 2^-12, 2^-24, 2^-36 with at most 12 significant bits each (so their
+    products with 12-bit parts of a position are exact), `w4` below 2^-37.
+
+    Roundings to a grid and differences of neighbours: exact, with no product an FMA
+    could change (a Veltkamp split is not, once XLA contracts `x·4097 - x`).
+    """
+    w1 = round_(high * 4096.0) * (1.0 / 4096.0)
+    rest = high - w1  # exact
+    w2 = round_(rest * 2.0**24) * 2.0**-24
+    rest = (rest - w2) + low  # below 2^-24: the sum rounds at 2^-48
+    w3 = round_(rest * 2.0**36) * 2.0**-36
+    return w1, w2, w3, rest - w3
+
+
+def apart(compute: Callable, guard, width: int) -> tuple:
+    """`compute()` (two `(width,)` tensors), under XLA as its own computation.
+
+    XLA would copy the many small steps of `compute` (dynamic NTK's frequency arithmetic)
+    into the fused kernel of every row that uses them, and compiling those kernels then
+    takes minutes for a few hundred positions. A conditional on a run-time `guard`
+    (always true: a total length is never negative) keeps them apart. Elsewhere (graphs,
+    eager, exported files) plain `compute()`.
+    """
+    from keras_posenc._tf.tracing import in_xla_context
+
+    if not in_xla_context():
+        return compute()
+    zeros = tf.zeros([width], tf.float32)
+    return tuple(
+        tf.cond(tf.cast(guard, tf.int32) >= 0, lambda: tuple(compute()), lambda: (zeros, zeros))
+    )
 
 
 _TURN = 2**31  # one turn in the fixed-point sum below
 
 
-def exact_sin_cos(positions: tf.Tensor, turns: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`(sin, cos)` of `2π · positions · turns` for float32 `turns` known only at run time.
+def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(sin, cos)` of `2π · positions · turns` for `turns` known only at run time.
 
     For frequencies made inside the graph (dynamic NTK scaling), where no host table can
-    exist. `turns` is the frequency in turns per position (`ω / 2π`). The product
-    `position · turns` is never rounded: it is the sum of four exact float32 products of
-    12-bit halves, each reduced to a fraction of a turn and added in 64-bit fixed point
-    (integer arithmetic, which no graph optimizer can reorder). The only roundings are of
-    the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any position below 2^24.
+    exist. `turns` is the frequency in turns per position (`ω / 2π`) as two float32
+    words `(hi, lo)`, below 1 (`keras_posenc.dynamic_ntk`). The product `position · turns`
+    is six exact float32 products of 12-bit parts (`_fixed_point_words`) and one below
+    2^-13 of a turn, rounded once; each is reduced to a fraction of a turn and added in
+    64-bit fixed point (integer arithmetic, which no graph optimizer can reorder). The
+    other roundings are of the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any
+    position below 2^24.
 
     Args:
         positions: integer tensor, any shape, values in `[0, 2^24)`.
-        turns: float32 tensor `(dim/2,)`.
+        turns: float32 tensors `(hi, lo)`, each `(dim/2,)`.
 
     Returns:
         float32 `(sin, cos)`, each of shape `positions.shape + (dim/2,)`.
     """
-    turns_high, turns_low = _split(tf.cast(turns, tf.float32))
+    words = _fixed_point_words(*(tf.cast(t, tf.float32) for t in turns), tf.round)
     # expand_dims, not [..., None]: tf2onnx needs ranks for the latter, and inside a
     # conditional's branch it does not know them.
     positions = tf.expand_dims(tf.cast(positions, tf.int32), -1)
     position_low = positions % 4096
     position_high = tf.cast(positions - position_low, tf.float32)  # 12 significant bits
     position_low = tf.cast(position_low, tf.float32)
+    # Exact products; position_high · w1 is left out: a multiple of 4096 times a multiple
+    # of 2^-12 is a whole number of turns.
+    products = [position_low * words[0]]
+    products += [p * w for p in (position_high, position_low) for w in words[1:3]]
+    products.append((position_high + position_low) * words[3])  # below 2^-13: rounded once
     fixed = tf.zeros([], tf.int64)
-    for position_part in (position_high, position_low):
-        for turns_part in (turns_high, turns_low):
-            product = position_part * turns_part  # exact
-            fraction = product - tf.round(product)  # exact, in [-0.5, 0.5]
-            fixed += tf.cast(tf.round(fraction * _TURN), tf.int64)
+    for product in products:
+        fraction = product - tf.round(product)  # exact, in [-0.5, 0.5]
+        fixed += tf.cast(tf.round(fraction * _TURN), tf.int64)
     half = _TURN // 2
     wrapped = tf.math.floormod(fixed + half, _TURN) - half  # [-half turn, half turn)
     angle = tf.cast(wrapped, tf.float32) * np.float32(2.0 * np.pi / _TURN)
     return tf.sin(angle), tf.cos(angle)
-
-
-def dynamic_turns(
-    total_length, omega: np.ndarray, factor: float, max_position_embeddings: int
-) -> tf.Tensor:
-    """Dynamic NTK frequencies in turns per position (`ω'/2π`), float32, for a run-time length.
-
-    `ω'_k = ω_k · g^(-2k/(d-2))` with `g = factor·L/M - (factor - 1)` and `L` the total
-    length, at least `M`: the same as raising the base by `g^(d/(d-2))`, written so that
-    only the small correction `g^(-e)` is formed in float32 (relative error about 2e-7).
-    """
-    dim = 2 * len(omega)
-    exponents = np.arange(0, dim, 2, dtype=np.float64) / (dim - 2)
-    length = tf.maximum(tf.cast(total_length, tf.float32), float(max_position_embeddings))
-    growth = factor * length / float(max_position_embeddings) - (factor - 1.0)
-    correction = tf.exp(-exponents.astype(np.float32) * tf.math.log(growth))
-    return (omega / (2 * math.pi)).astype(np.float32) * correction
 
 
 # --------------------------------------------------------------------------------------

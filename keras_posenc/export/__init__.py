@@ -36,11 +36,9 @@ print(report["summary"]["litert"]["max_abs_error"])
 ```
 """
 
-from keras_posenc_cli.quiet import quiet_tensorflow_start
+import importlib
 
-with quiet_tensorflow_start():  # TensorFlow loads here where Keras runs on JAX or PyTorch
-    from keras_posenc.export import signature  # noqa: F401  (the serving tf.function)
-
+from keras_posenc.export.backend import TENSORFLOW_ENTRIES, refusing, requires_tensorflow
 from keras_posenc.export.decoder import save_decoder
 from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import (
@@ -51,20 +49,6 @@ from keras_posenc.export.files import (
     write_json,
     written_by_package,
 )
-from keras_posenc.export.litert import (
-    litert_flatbuffer,
-    litert_interpreter,
-    litert_ops,
-    save_litert,
-)
-from keras_posenc.export.onnx_export import (
-    DEFAULT_OPSET,
-    GRAPH_PASSES,
-    SUPPORTED_OPSETS,
-    onnx_constant_bytes,
-    onnx_model,
-    save_onnx,
-)
 from keras_posenc.export.onnx_passes import dedupe_constants
 from keras_posenc.export.precision import (
     BFLOAT16_CHOICES,
@@ -72,29 +56,71 @@ from keras_posenc.export.precision import (
     exportable_model,
     float32_copy,
 )
-from keras_posenc.export.saved_model import save_saved_model
-from keras_posenc.export.signature import export_bound, input_signature, serving_function
-from keras_posenc.export.verify import (
-    BATCH_SIZES,
-    FLOAT16_TOLERANCE,
-    FLOAT32_TOLERANCE,
-    RUNTIMES,
-    SEQUENCE_LENGTHS,
-    compare_outputs,
-    default_inputs,
-    litert_constant_bytes,
-    longest_sequence,
-    parameter_bytes,
-    position_inputs,
-    position_limit,
-    position_table_bytes,
-    saved_model_constant_bytes,
-    verification_cases,
-    verification_shapes,
-    verify_export,
-)
+from keras_posenc_cli.quiet import quiet_tensorflow_start
+
+# The names whose modules import TensorFlow, by module: imported on first use, so that
+# `save_decoder` runs on JAX and PyTorch without TensorFlow. There, the entries of
+# `TENSORFLOW_ENTRIES` are stand-ins that refuse by name when called (`backend.py`).
+_TENSORFLOW_MODULES = {
+    "litert": ("litert_flatbuffer", "litert_interpreter", "litert_ops", "save_litert"),
+    "onnx_export": (
+        "DEFAULT_OPSET",
+        "GRAPH_PASSES",
+        "SUPPORTED_OPSETS",
+        "onnx_constant_bytes",
+        "onnx_model",
+        "save_onnx",
+    ),
+    "saved_model": ("save_saved_model",),
+    "signature": ("export_bound", "input_signature", "serving_function"),
+    "verify": (
+        "BATCH_SIZES",
+        "FLOAT16_TOLERANCE",
+        "FLOAT32_TOLERANCE",
+        "RUNTIMES",
+        "SEQUENCE_LENGTHS",
+        "compare_outputs",
+        "default_inputs",
+        "litert_constant_bytes",
+        "longest_sequence",
+        "parameter_bytes",
+        "position_inputs",
+        "position_limit",
+        "position_table_bytes",
+        "saved_model_constant_bytes",
+        "verification_cases",
+        "verification_shapes",
+        "verify_export",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _TENSORFLOW_MODULES.items() for name in names}
+
+
+def __getattr__(name: str):
+    """The TensorFlow exports, imported on first use (see `_TENSORFLOW_MODULES`); the
+    package's submodules (`keras_posenc.export.litert`, ...) by name."""
+    import keras
+
+    module = _MODULE_OF.get(name)
+    if module is None:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    elif name in TENSORFLOW_ENTRIES and keras.backend.backend() != "tensorflow":
+        return refusing(name)  # not kept: the backend is fixed, but this stays cheap
+    else:
+        with quiet_tensorflow_start():  # TensorFlow loads here where Keras runs on JAX or torch
+            value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "TENSORFLOW_ENTRIES",
+    "requires_tensorflow",
     "BATCH_SIZES",
     "BFLOAT16_CHOICES",
     "DEFAULT_OPSET",

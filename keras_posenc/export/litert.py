@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_posenc import _tf
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import check_file_target, whole_or_nothing
 from keras_posenc.export.precision import exportable_model
@@ -70,6 +71,7 @@ def save_litert(
         ExportError: the model needs an op LiteRT has no built-in kernel for (the message
             names the op and the layer), or the conversion failed.
     """
+    requires_tensorflow("save_litert")  # before anything is written
     check_file_target(path, ".tflite")
     model, _ = exportable_model(model, bfloat16)
     with whole_or_nothing(path, kind="file") as written:

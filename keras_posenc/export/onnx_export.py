@@ -15,6 +15,7 @@ import numpy as np
 
 from keras_posenc import _tf
 from keras_posenc.export import onnx_passes
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import check_file_target, whole_or_nothing
 from keras_posenc.export.onnx_passes.constants import dedupe_constants
@@ -91,6 +92,7 @@ def save_onnx(
     Returns:
         The path written.
     """
+    requires_tensorflow("save_onnx")  # before anything is written
     if isinstance(opset, bool) or not isinstance(opset, (int, np.integer)):
         raise TypeError(f"opset must be an integer, got {opset!r}.")
     if opset not in SUPPORTED_OPSETS:

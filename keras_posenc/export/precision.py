@@ -7,9 +7,9 @@ import warnings
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc import _keras_private
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.signature import _model_inputs
+from keras_posenc.export.model_inputs import model_inputs
 
 BFLOAT16_CHOICES = ("float32", "error")
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -19,7 +19,7 @@ def compute_dtypes(model: keras.Model) -> set[str]:
     """The compute dtypes of the model's layers and the dtypes of its float variables."""
     dtypes = {
         layer.dtype_policy.compute_dtype
-        for layer in _tf.all_layers(model)
+        for layer in _keras_private.all_layers(model)
         if getattr(layer, "dtype_policy", None) is not None
     }
     dtypes.update(v.dtype for v in model.weights if keras.backend.is_float_dtype(v.dtype))
@@ -102,7 +102,7 @@ def exportable_model(
     """
     if bfloat16 not in BFLOAT16_CHOICES:
         raise ValueError(f"bfloat16 must be one of {BFLOAT16_CHOICES}, got {bfloat16!r}.")
-    _model_inputs(model)
+    model_inputs(model)
     used = [dtype for dtype in copied if dtype in compute_dtypes(model)]
     if not used:
         return model, []

@@ -8,6 +8,7 @@ from pathlib import Path
 import keras
 
 from keras_posenc import _tf
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.files import is_saved_model, whole_or_nothing
 from keras_posenc.export.precision import exportable_model
 from keras_posenc.export.signature import bounded_tracing, input_signature, serving_function
@@ -51,6 +52,7 @@ def save_saved_model(
     Returns:
         The path written.
     """
+    requires_tensorflow("save_saved_model")  # before anything is written
     model, _ = exportable_model(model, bfloat16)
     specs = input_signature(model)
     with (

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
+from keras_posenc.export.model_inputs import model_inputs as _model_inputs
 
 
 def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
@@ -45,23 +46,6 @@ def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
     if len(set(names)) != len(names):
         raise ExportError(f"Model input names must be unique, got {names}.")
     return specs
-
-
-def _model_inputs(model) -> list:
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"Expected a keras.Model, got {type(model).__name__}.")
-    try:
-        inputs = model.inputs
-    except AttributeError:
-        inputs = None
-    if not inputs:
-        raise ExportError(
-            f"The model {model.name!r} has no inputs to export (a subclassed model, or one "
-            "that was never built). Export a functional model: "
-            "`inputs = keras.Input(shape=(None,), dtype='int32', name='token_ids')`, "
-            "`model = keras.Model(inputs, subclassed_model(inputs))`."
-        )
-    return list(inputs)
 
 
 def named_outputs(model: keras.Model, outputs) -> dict[str, tf.Tensor]:

@@ -24,11 +24,26 @@ def _tests_the_index(causal_lm) -> bool:
 
 
 def _cached_call(causal_lm, cache):
-    """`call_with_cache`, traced once for every batch, length and slot under TensorFlow
-    (eager where keras_hub's own code cannot be traced: `_tests_the_index`)."""
+    """`call_with_cache`, compiled where that is cheap: on TensorFlow a `tf.function` traced
+    once for every batch, length and slot; on JAX under `jax.jit` with the weights passed in
+    (as keras_hub's own `generate` compiles it); on PyTorch eager, without autograd; eager
+    wherever keras_hub's own code cannot be traced (`_tests_the_index`)."""
     import keras
 
-    if keras.config.backend() != "tensorflow" or _tests_the_index(causal_lm):
+    backend = keras.config.backend()
+    if _tests_the_index(causal_lm):
+        return causal_lm.call_with_cache
+    if backend == "jax":
+        return _jax_cached_call(causal_lm)
+    if backend == "torch":
+        import torch
+
+        def call(*args):
+            with torch.no_grad():
+                return causal_lm.call_with_cache(*args)
+
+        return call
+    if backend != "tensorflow":
         return causal_lm.call_with_cache
     import tensorflow as tf
 
@@ -41,6 +56,28 @@ def _cached_call(causal_lm, cache):
         tf.TensorSpec([], tf.int32),
     ]
     return tf.function(causal_lm.call_with_cache, input_signature=signature)
+
+
+def _jax_cached_call(causal_lm):
+    """`call_with_cache` under `jax.jit`, the variables' values mapped in by a
+    `StatelessScope` (one compilation per shape: the prompt's, then one token's)."""
+    import itertools
+
+    import jax
+    import keras
+
+    trainable, non_trainable = causal_lm.trainable_variables, causal_lm.non_trainable_variables
+
+    @jax.jit
+    def compiled(state, token_ids, cache, index):
+        mapping = itertools.chain(
+            zip(trainable, state[0], strict=True), zip(non_trainable, state[1], strict=True)
+        )
+        with keras.StatelessScope(state_mapping=mapping):
+            return causal_lm.call_with_cache(token_ids, cache, index)
+
+    state = ([v.value for v in trainable], [v.value for v in non_trainable])
+    return lambda token_ids, cache, index: compiled(state, token_ids, cache, index)
 
 
 def _empty_cache(causal_lm, batch: int, slots: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc import _keras_private
 from keras_posenc.decoder_block import DecoderBlock
 from keras_posenc.decoder_models import decoder_models
 from keras_posenc.export.decoder.description import Norm, optional_parts
@@ -119,7 +119,7 @@ def rebuild(causal_lm, max_length: int) -> tuple[keras.Model, keras.Model]:
             ("value_dense", a.value),
             ("output_dense", a.output),
         ):
-            _assign(_tf.attention_part(layer.attention, part).kernel, kernel)
+            _assign(_keras_private.attention_part(layer.attention, part).kernel, kernel)
         if layer.gate is not None:
             _assign(layer.gate.kernel, block.mlp.gate)
         _assign(layer.up.kernel, block.mlp.up)

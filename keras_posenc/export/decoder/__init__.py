@@ -5,17 +5,30 @@ every emitter reads), `graph` (an `onnx.helper` graph builder), `gqa` (attention
 onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attention`),
 `moe` (a mixture of experts: dense ONNX ops, or one `com.microsoft.MoE`), `onnx_decoder`
 (the genai-interface graph), `litert_decoder` (the LiteRT file with `prefill` and `decode`
-signatures), `genai_config`, `greedy` (greedy generation in Keras and onnxruntime), `check`
-(the verification) and `save` (`save_decoder`).
+signatures), `genai_config`, `special_tokens` (its end, start and pad ids), `tokenizer_files`
+(a keras_hub tokenizer as onnxruntime-genai's files), `greedy` (greedy generation in Keras;
+the onnxruntime runner lives in the keras-free `keras_posenc_serve`), `genai_runtime` (the
+folder in onnxruntime-genai), `check` (the verification) and `save` (`save_decoder`).
+Only `litert_decoder` needs TensorFlow: its names are imported on first use, so the ONNX
+export runs on every Keras backend.
 """
 
 from keras_posenc.export.decoder.check import compare_greedy, decoder_cases, verify_decoder
 from keras_posenc.export.decoder.description import Decoder, describe_decoder, rope_tables
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.greedy import SharedCacheSession, keras_greedy, onnx_greedy
-from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.save import failed_report_path, save_decoder
+
+
+def __getattr__(name: str):
+    """`decoder_litert` and `litert_greedy`, whose module imports TensorFlow."""
+    if name in ("decoder_litert", "litert_greedy"):
+        from keras_posenc.export.decoder import litert_decoder
+
+        return getattr(litert_decoder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Decoder",

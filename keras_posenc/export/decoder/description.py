@@ -14,7 +14,7 @@ import dataclasses
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc import _keras_private
 from keras_posenc.decoder_block import DecoderBlock
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.settings import refuse_unread_block_settings
@@ -292,7 +292,7 @@ def _attention(layer) -> Attention:
         )
 
     def kernel(part: str) -> np.ndarray:
-        return _array(_tf.attention_part(layer, part).kernel)
+        return _array(_keras_private.attention_part(layer, part).kernel)
 
     query_norm, key_norm = _head_norms(layer)
 
@@ -301,7 +301,7 @@ def _attention(layer) -> Attention:
         num_heads=heads,
         kv_num_heads=kv_heads,
         head_dim=head_dim,
-        scale=float(_tf.attention_part(layer, "inverse_sqrt_head_dim")),
+        scale=float(_keras_private.attention_part(layer, "inverse_sqrt_head_dim")),
         query=kernel("query_dense").reshape(width, heads * head_dim),
         key=kernel("key_dense").reshape(width, kv_heads * head_dim),
         value=kernel("value_dense").reshape(width, kv_heads * head_dim),
@@ -410,7 +410,9 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
         )
         if not same or (
             block in rotary
-            and block.get_config()["rope_scaling"] != first.get_config()["rope_scaling"]
+            # The layers' settings, not `get_config()`: Keras's serialization imports
+            # TensorFlow where installed, and this runs on every backend.
+            and block.attention.rotary_embedding.scaling != first.attention.rotary_embedding.scaling
         ):
             raise ExportError(f"DecoderBlock {block.name!r} differs from {first.name!r}.")
     rope = first.attention.rotary_embedding

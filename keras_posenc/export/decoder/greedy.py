@@ -10,78 +10,68 @@ from __future__ import annotations
 
 import numpy as np
 
+# The onnxruntime runner lives in the keras-free serving package; re-exported for its callers.
+from keras_posenc_serve.session import SharedCacheSession, onnx_greedy  # noqa: F401
+
+
+def _compiled(model):
+    """`model`'s call, compiled where that is cheap: a `tf.function` on TensorFlow, its
+    `stateless_call` under `jax.jit` on JAX (the weights passed in, not baked into the
+    program); eager on PyTorch, without autograd (the cache would carry every step's graph)."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda feeds: model(feeds), reduce_retracing=True)
+    if backend == "jax":
+        import jax
+
+        state = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+        )
+        stateless = jax.jit(lambda state, feeds: model.stateless_call(*state, feeds)[0])
+        return lambda feeds: stateless(state, feeds)
+    if backend == "torch":
+        import torch
+
+        def call(feeds):
+            with torch.no_grad():
+                return model(feeds)
+
+        return call
+    return model
+
 
 def keras_greedy(step_model, prompts: np.ndarray, mask: np.ndarray, steps: int):
-    """Through the step model's own convention (cache slot = column, positions from the mask)."""
-    import tensorflow as tf
+    """Through the step model's own convention (cache slot = column, positions from the
+    mask), on the Keras backend of this process (`_compiled`)."""
+    import keras
 
     batch, length = prompts.shape
     cache_spec = step_model.inputs[1]
-    cache = tf.zeros((batch, *cache_spec.shape[1:]), cache_spec.dtype)
+    cache = keras.ops.zeros((batch, *cache_spec.shape[1:]), cache_spec.dtype)
     max_length = cache_spec.shape[3]
     padding = np.ones((batch, max_length), np.int32)
     padding[:, :length] = mask
-    call = tf.function(lambda feeds: step_model(feeds), reduce_retracing=True)
+    padding = keras.ops.convert_to_tensor(padding)
+    call = _compiled(step_model)
     ids, index, logits, tokens = prompts.astype(np.int32), 0, [], []
     for _ in range(steps + 1):
         out = call(
             {
-                "token_ids": tf.constant(ids),
+                "token_ids": keras.ops.convert_to_tensor(ids),
                 "cache": cache,
-                "cache_update_index": tf.constant(index, tf.int32),
-                "padding_mask": tf.constant(padding),
+                "cache_update_index": keras.ops.convert_to_tensor(index, "int32"),
+                "padding_mask": padding,
             }
         )
         cache = out["next_cache"]
-        step_logits = out["logits"].numpy()
+        step_logits = keras.ops.convert_to_numpy(out["logits"])
         logits.append(step_logits if not logits else step_logits[:, -1])
         tokens.append(np.argmax(step_logits[:, -1], axis=-1))
         index += ids.shape[1]
         ids = tokens[-1][:, None].astype(np.int32)
-    return np.stack(tokens, 1), logits
-
-
-class SharedCacheSession:
-    """An onnxruntime session of the genai interface, one cache buffer per layer bound as
-    both past and present (past_present_share_buffer), written in place by each call."""
-
-    def __init__(self, session, batch: int, max_length: int):
-        import onnxruntime
-
-        self.session = session
-        self.binding = session.io_binding()
-        self.binding.bind_output("logits")  # first: `get_outputs()[0]`
-        self.caches = {}
-        for value in session.get_inputs():
-            if value.name.startswith("past_key_values."):
-                shape = (batch, value.shape[1], max_length, value.shape[3])
-                self.caches[value.name] = onnxruntime.OrtValue.ortvalue_from_numpy(
-                    np.zeros(shape, np.float32)
-                )
-        for name, buffer in self.caches.items():
-            self.binding.bind_ortvalue_input(name, buffer)
-            present = name.replace("past_key_values.", "present.")
-            self.binding.bind_ortvalue_output(present, buffer)
-
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        self.binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
-        self.binding.bind_cpu_input(
-            "attention_mask", np.ascontiguousarray(attention_mask, np.int64)
-        )
-        self.binding.bind_output("logits")  # unallocated: its shape changes
-        self.session.run_with_iobinding(self.binding)
-        return self.binding.get_outputs()[0].numpy()
-
-
-def onnx_greedy(session, prompts: np.ndarray, mask: np.ndarray, steps: int, max_length: int):
-    """Through `session` (an `onnxruntime.InferenceSession` of the genai interface)."""
-    batch = prompts.shape[0]
-    cached = SharedCacheSession(session, batch, max_length)
-    ids, attention, logits, tokens = prompts, mask.astype(np.int64), [], []
-    for _ in range(steps + 1):
-        step_logits = cached(ids, attention)
-        logits.append(step_logits if not logits else step_logits[:, -1])
-        tokens.append(np.argmax(step_logits[:, -1], axis=-1))
-        ids = tokens[-1][:, None]
-        attention = np.concatenate([attention, np.ones((batch, 1), np.int64)], axis=1)
     return np.stack(tokens, 1), logits

@@ -59,10 +59,10 @@ def checked_quantization(
             f"quantize={quantize_mode!r} with attention={attention!r} is not yet supported: "
             "quantized files are written with attention='gqa' (MatMulNBits) only."
         )
-    if "litert" in formats:
+    if any(kind != "onnx" for kind in formats):
         raise ExportError(
-            f"quantize={quantize_mode!r} with formats including 'litert' is not yet "
-            "supported: quantized files are written as ONNX only (formats=('onnx',))."
+            f"quantize={quantize_mode!r} with formats={formats!r} is not yet supported: "
+            "quantized files are written as ONNX only (formats=('onnx',))."
         )
     return Quantization(QUANTIZE_MODES[quantize_mode], block_size, int(accuracy_level))
 

@@ -3,9 +3,13 @@ verified before it is kept."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
+import keras
+
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
@@ -20,17 +24,20 @@ from keras_posenc.export.decoder.failed_report import (
     remove_failed_report,
 )
 from keras_posenc.export.decoder.genai_config import genai_config
+from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy import onnx_greedy
-from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
+from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose
 from keras_posenc.export.decoder.quantized_graph import checked_quantization
+from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
+from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
 ATTENTIONS = ("gqa", "standard")
-FORMATS = ("onnx", "litert")
+FORMATS = ("onnx", "litert", "litertlm")
 DEFAULT_FORMATS = ("onnx",)
 
 
@@ -39,6 +46,21 @@ def _onnx_runtime(path: Path, max_length: int):
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
+
+
+def decoder_litert(decoder) -> bytes:
+    """`litert_decoder.decoder_litert`, imported when called: its module imports TensorFlow,
+    and the ONNX export runs on every backend."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.decoder_litert(decoder)
+
+
+def litert_greedy(path: Path, prompts, mask, steps: int):
+    """`litert_decoder.litert_greedy`, imported when called (see `decoder_litert`)."""
+    from keras_posenc.export.decoder import litert_decoder
+
+    return litert_decoder.litert_greedy(path, prompts, mask, steps)
 
 
 def save_decoder(
@@ -50,27 +72,21 @@ def save_decoder(
     formats: tuple[str, ...] = DEFAULT_FORMATS,
     bfloat16: str = "float32",
     verify: bool = True,
-    bos_token_id: int = 0,
+    bos_token_id: int | None = None,
     eos_token_id: int | list[int] | None = None,
-    pad_token_id: int = 0,
+    pad_token_id: int | None = None,
+    prefill_lengths: tuple[int, ...] | None = None,
     verbose: int = 1,
     quantize: str | None = None,
     block_size: int = 32,
     accuracy_level: int = 4,
 ) -> dict:
-    """Writes `folder/model.onnx` and `folder/genai_config.json` (and `folder/model.tflite`).
+    """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
-    `model` is a step model made as `keras_posenc.decoder_models` makes it (Embedding,
-    `DecoderBlock`s, RMSNormalization, Dense head; anything else is refused with an
-    error naming the layer), or a keras_hub CausalLM of the families
-    `keras_posenc.keras_hub` reads (verified against keras_hub's own greedy generation;
-    docs/keras_hub.md). The ONNX file has onnxruntime-genai's decoder interface
-    (`input_ids`, `attention_mask` -> `logits`, `past_key_values.{i}.key|value` ->
-    `present.{i}.key|value` of shape `(batch, num_key_value_heads, max_length, head_dim)`,
-    one buffer per layer bound as both); a token's position is the count of 1s before it
-    in its row of `attention_mask` (left padding). The LiteRT file has litert-torch's
-    `prefill` and `decode` signatures (`tokens`, `input_pos`, `mask`,
-    `kv_cache_k_{i}|v_{i}` -> `logits` and the updated caches; see `litert_decoder.py`).
+    `model` is a step model made as `keras_posenc.decoder_models` makes it, or a keras_hub
+    CausalLM of the families `keras_posenc.keras_hub` reads (docs/keras_hub.md); anything
+    else is refused naming the layer. The files' interfaces: docs/decoding.md (the ONNX file
+    onnxruntime-genai's, the LiteRT file litert-torch's `prefill` / `decode` signatures).
 
     Example:
 
@@ -89,58 +105,95 @@ def save_decoder(
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
-            `genai_config.json`) and `"litert"` (`model.tflite`; not in the default: its
-            converter is far slower than the ONNX writer, and a flatbuffer holds 2 GB).
+            `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
+            (`model.litertlm`, docs/litertlm.md); LiteRT's converter is far slower.
         bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
             mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
             verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
             keras_hub model is always refused unless float32: its reference is keras_hub's
             own generation, so load it with `dtype="float32"`.
         verify: run the verification of `check.py` before the folder is kept.
-        bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`.
+        bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`, inside the
+            vocabulary; None: a keras_hub tokenizer's, else 0 (eos: the pad id, with a
+            warning; `special_tokens.py`).
+        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (1 to `max_length - 1`;
+            None: `litertlm_model.DEFAULT_PREFILL_LENGTHS`).
         verbose: 1 says each phase on stderr (describing, writing, each verification
             case and runtime; replacing the folder an earlier call wrote), 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
-        `folder/verification.json`; each case has one result per runtime
-        (`"onnxruntime"`, `"litert"`).
+        `folder/verification.json`; each case has one result per runtime (`"onnxruntime"`,
+        `"litert"`, and `"onnxruntime-genai"` where installed); `"litertlm"`: LiteRT-LM's text.
 
     Raises:
         ExportError: a model or setting the export cannot write exactly (named, before
-            any work: quantized layers, settings the description does not carry).
+            any work: quantized layers, settings the description does not carry;
+            `"litert"` on JAX or PyTorch, where the ONNX folder still exports).
         TypeError, ValueError: `max_length` is not an integer in its range.
         VerificationError: the file does not generate as Keras does; the report is
             left at `failed_report_path(folder)` (not over a file of the user's) and
             nothing is written at `folder`.
     """
-    quantizing = (quantize, block_size, accuracy_level)
-    formats, max_length, quantization = _checked(attention, formats, max_length, verify, quantizing)
+    formats, max_length = _checked(attention, formats, max_length, verify)
+    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
+    ids = (bos_token_id, eos_token_id, pad_token_id)
+    check_id_types(*ids)
     progress = Progress(check_verbose(verbose), folder)
-    model, decoder, reference, length = _described(model, max_length, bfloat16, progress)
+    progress.say(f"describing the model (max_length {max_length})")
+    model, decoder, reference, slots = _described(model, max_length, bfloat16)
+    plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = {}
-    if "onnx" in formats:
-        files["model.onnx"] = _onnx(decoder, attention, quantization)
-        files["genai_config.json"] = genai_config(
-            decoder, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id
-        )
-    if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
+    files = _files(model, decoder, formats, (attention, quantization), plan, ids)
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging:
         _write(files, staging)
         report = {}
         if verify:
-            runtimes = _runtimes(staging, formats, max_length, quantization)
-            report = _verify(model, decoder, reference, runtimes, length, progress, quantization)
-            _keep_or_raise(report, attention, formats, staging, folder)
+            checked = (model, decoder, reference, min(max_length, slots), quantization, attention)
+            report = _verified(checked, staging, formats, max_length, plan, progress)
+            message = failure_message(report) or litertlm_failure(report)
+            if message is not None:
+                message += keep_failed_report(report, folder)
+                raise VerificationError(message, report)
+            write_json(report, staging / "verification.json")
         if replacing:
             progress.say("replacing the folder an earlier save_decoder wrote there")
     remove_failed_report(folder)
     progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
+
+
+def _plan(model, decoder, formats, max_length: int, prefill_lengths):
+    """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
+    file is written."""
+    if "litertlm" not in formats:
+        return None
+    from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
+    from keras_posenc.export.decoder.litertlm_model import DEFAULT_PREFILL_LENGTHS
+
+    lengths = DEFAULT_PREFILL_LENGTHS if prefill_lengths is None else prefill_lengths
+    return litertlm_plan(model, decoder.vocabulary, max_length, lengths)
+
+
+def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) -> dict:
+    """The content of each file of `formats` by name (`attention`: save_decoder's attention
+    and its `Quantization` or None; `token_ids`: genai_config's bos, eos and pad ids,
+    checked against the vocabulary first)."""
+    files = {}
+    if "onnx" in formats:
+        ids = special_ids(model, decoder.vocabulary, *token_ids)
+        files["model.onnx"] = _onnx(decoder, *attention)
+        files["genai_config.json"] = genai_config(decoder, **ids)
+        files.update(tokenizer_files(model))
+    if "litert" in formats:
+        files["model.tflite"] = decoder_litert(decoder)
+    if plan is not None:
+        from keras_posenc.export.decoder.litertlm import litertlm_file  # imports TensorFlow
+
+        files["model.litertlm"] = litertlm_file(model, plan)
+    return files
 
 
 def _onnx(decoder, attention: str, quantization):
@@ -150,36 +203,47 @@ def _onnx(decoder, attention: str, quantization):
     return decoder_onnx(decoder, attention, quantization)
 
 
-def _keep_or_raise(report: dict, attention: str, formats, staging: Path, folder) -> None:
-    """Writes the passed `report` into `staging`, or keeps it beside `folder` and raises."""
-    report["attention"] = attention
-    report["formats"] = list(formats)
-    message = failure_message(report)
-    if message is not None:
-        message += keep_failed_report(report, folder)
-        raise VerificationError(message, report)
-    write_json(report, staging / "verification.json")
-
-
-def _checked(attention: str, formats, max_length, verify: bool, quantizing) -> tuple:
-    """`(formats, max_length, quantization)` checked, before any work (`quantizing`:
-    save_decoder's `(quantize, block_size, accuracy_level)`)."""
+def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
+    """`(formats, max_length)` checked, before any work."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(kind not in FORMATS for kind in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    max_length = checked_max_length(max_length, verify)
-    return formats, max_length, checked_quantization(*quantizing, attention, formats)
+    for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
+        if kind in formats:
+            requires_tensorflow(f"save_decoder(formats={kind})")
+    return formats, checked_max_length(max_length, verify)
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
-    names = {"onnx": ["model.onnx", "genai_config.json"], "litert": ["model.tflite"]}
+    names = {
+        "onnx": ["model.onnx", "genai_config.json"],
+        "litert": ["model.tflite"],
+        "litertlm": ["model.litertlm"],
+    }
     return [name for kind in formats for name in names[kind]]
 
 
+def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
+    """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
+    `checked` its `(model, decoder, reference, length, quantization, attention)`) and
+    LiteRT-LM's engine's text, with the attention, Keras backend and formats it ran."""
+    model = checked[0]
+    runtimes = _runtimes(staging, formats, max_length, checked[4])
+    report = _verify(*checked[:3], runtimes, *checked[3:5], progress) if runtimes else {"cases": []}
+    if plan is not None:
+        progress.say("generating text in LiteRT-LM's engine")
+        path = staging / "model.litertlm"
+        report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+    report["attention"] = checked[5]
+    report["keras_backend"] = keras.backend.backend()  # what the reference ran on
+    report["formats"] = list(formats)
+    return report
+
+
 def _verify(
-    model, decoder, reference, runtimes: dict, length: int, progress: Progress, quantization
+    model, decoder, reference, runtimes: dict, length: int, quantization, progress: Progress
 ) -> dict:
     """`verify_decoder`'s report, each case said through `progress`; `reference` None is
     Keras's greedy generation through the step model. A quantized file's: see
@@ -195,29 +259,35 @@ def _verify(
         )
 
     window = widest_window(decoder)
-    count = len(decoder_cases(decoder.vocabulary, length, window=window))
+    count = len(decoder_cases(decoder.vocabulary, length, window=window)) + 1  # teacher-forced
     name = "Keras" if reference is None else "keras_hub"
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)  # noqa: E731
     reference, runtimes = progress.cases(reference, runtimes, count, name)
-    return verify_decoder(model, runtimes, length, decoder.vocabulary, reference, window)
+    return verify_decoder(
+        model,
+        runtimes,
+        length,
+        decoder.vocabulary,
+        reference,
+        window,
+        decoder=decoder,
+        reference_name=name,
+    )
 
 
-def _described(model, max_length: int, bfloat16: str, progress: Progress):
-    """`(model, decoder, reference, length)`: the model verified against (a float32 copy of
-    a bfloat16 one), its description, the greedy reference (None: Keras's step model) and
-    the length verified (`max_length`, or fewer: the cache slots the reference holds)."""
+def _described(model, max_length: int, bfloat16: str):
+    """`(model, decoder, reference, slots)`: the model verified against (a float32 copy of a
+    bfloat16 one), its description, the greedy reference (None: Keras's step model) and the
+    cache slots the reference holds."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
-    progress.say(f"describing the model (max_length {max_length})")
     refuse_model_kind(model)
     if bridge.is_keras_hub_causal_lm(model):
         decoder = bridge.describe_causal_lm(model, max_length)
-        found = model, decoder, bridge.keras_hub_greedy(model), max_length
-    else:
-        model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
-        found = model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
-    return (*found[:3], min(max_length, found[3]))
+        return model, decoder, bridge.keras_hub_greedy(model), max_length
+    model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
+    return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
 
 
 def _write(files: dict, staging: Path) -> None:
@@ -240,9 +310,12 @@ def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantiza
 
     runtimes = {}
     if "onnx" in formats:
-        runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
         path = staging / "model.onnx"
+        runtimes["onnxruntime"] = _onnx_runtime(path, max_length)
         runtimes.update(float_arithmetic_runtime(path, max_length, quantization))
+        if importlib.util.find_spec("onnxruntime_genai") is not None:
+            model = genai_model(staging)  # refused here: a folder og cannot load
+            runtimes["onnxruntime-genai"] = genai_greedy(model, max_length)
     if "litert" in formats:
         path = staging / "model.tflite"
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 
+from keras_posenc import _keras_private
 from keras_posenc.export.errors import ExportError
 
 # Keys of every Keras layer's config that do not change what it computes at inference.
@@ -59,7 +60,9 @@ def unread_settings(layer, carried: set[str], required: dict | None = None) -> d
     required = required or {}
     defaults = _defaults(type(layer))
     unread = {}
-    for key, value in layer.get_config().items():
+    with _keras_private.serialization_without_tensorflow():  # off TensorFlow, none imported
+        config = layer.get_config()
+    for key, value in config.items():
         if key in _INFERENCE_NEUTRAL or key.endswith(_NEUTRAL_SUFFIXES):
             continue
         if key in required:

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import is_saved_model, recover_interrupted, write_json
 from keras_posenc.export.precision import (
@@ -168,6 +169,7 @@ def verify_export(
         VerificationError: a runtime differs from Keras beyond the tolerance (with
             `raise_on_failure`); the report is written first.
     """
+    requires_tensorflow("verify_export")  # before anything is written
     paths = artifact_paths(saved_model_path, onnx_path, litert_path)
     checked_options(repeats, max_sequence_length)
     planned = plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)

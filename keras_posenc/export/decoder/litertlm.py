@@ -1,0 +1,168 @@
+"""`model.litertlm`: a LiteRT-LM bundle (the decoder, its tokenizer and LlmMetadata) and its
+check in LiteRT-LM's own engine.
+
+The bundle is written with `litert-lm-builder`'s `LitertLmFileBuilder` (as litert-torch's
+`export_hf --bundle_litert_lm` writes it): the `.tflite` of `litertlm_model.py` as the
+`PREFILL_DECODE` model, the tokenizer, and LlmMetadata with the start and stop tokens,
+`max_num_tokens` (the cache slots), a generic model type, and `supports_thinking` /
+`supports_function_calling` false (the builder's validation wants both); the model's
+preferred activation type float32.
+
+The engine takes text only, so the tokenizer is part of every check: a keras_hub CausalLM's
+preprocessor's tokenizer, written as its SentencePiece proto. Byte-pair tokenizers and step
+models of `decoder_models` (no tokenizer) are refused by name in this version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from keras_posenc.export.decoder.litertlm_model import checked_prefill_lengths
+from keras_posenc.export.errors import ExportError
+
+INSTALL = 'pip install "keras-posenc[litertlm]"'
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """What the bundle holds besides the model: checked before any file is written."""
+
+    proto: bytes  # the SentencePiece model
+    start_token: int
+    stop_tokens: tuple[int, ...]
+    max_length: int
+    prefill_lengths: tuple[int, ...]
+
+    @property
+    def cache_slots(self) -> int:
+        """The file's cache slots: `max_length` and room for the padding of a last chunk.
+
+        The engine pads a prompt's last chunk to a `prefill_<n>` and writes the padding to
+        the cache after the real tokens: a chunk of one token at slot `max_length - 2`
+        (the longest prompt the engine takes) ends at `max_length - 2 + n`. With only
+        `max_length` slots the write would not fit and the graph's NaN logits give
+        `<unk>` tokens."""
+        return self.max_length + self.prefill_lengths[-1]
+
+
+def _require_packages() -> None:
+    try:
+        import litert_lm  # noqa: F401
+        import litert_lm_builder  # noqa: F401
+    except ImportError as error:
+        raise ExportError(
+            f"formats=('litertlm',) needs LiteRT-LM's builder and runtime ({error.name} is "
+            f"not installed): {INSTALL}."
+        ) from error
+
+
+def _tokenizer(model):
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
+
+    if not bridge.is_keras_hub_causal_lm(model):
+        raise ExportError(
+            "formats=('litertlm',) needs a tokenizer, and a decoder_models step model has "
+            "none: export a keras_hub CausalLM with its preprocessor (this version does not "
+            "take a tokenizer for step models)."
+        )
+    tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
+    if tokenizer is None:
+        raise ExportError(
+            f"formats=('litertlm',) needs the {type(model).__name__}'s tokenizer, and it has "
+            "no preprocessor: build it with one (e.g. `from_preset(..., preprocessor=...)` or "
+            "`preprocessor=<Family>CausalLMPreprocessor(tokenizer)`)."
+        )
+    proto = getattr(tokenizer, "proto", None)
+    if not isinstance(proto, bytes):
+        raise ExportError(
+            f"formats=('litertlm',) writes SentencePiece tokenizers only in this version; "
+            f"{type(tokenizer).__name__} is not one (byte-pair tokenizers need LiteRT-LM's "
+            "tokenizer.json, not written yet)."
+        )
+    return tokenizer, proto
+
+
+def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> BundlePlan:
+    """The tokenizer and metadata of `model`'s bundle, checked before any work.
+
+    Args:
+        model: a keras_hub CausalLM with a SentencePiece tokenizer in its preprocessor.
+        vocabulary: the rows of the model's embedding.
+        max_length: the cache slots of the export (LlmMetadata's `max_num_tokens`).
+        prefill_lengths: the lengths of the `prefill_<n>` signatures.
+
+    Raises:
+        ExportError: the packages are missing, the model has no tokenizer the bundle can
+            hold, or its vocabulary or stop tokens do not fit the embedding.
+        ValueError: `prefill_lengths` do not fit `max_length` (each must leave a slot for
+            a generated token).
+    """
+    _require_packages()
+    lengths = checked_prefill_lengths(prefill_lengths, max_length - 1)
+    tokenizer, proto = _tokenizer(model)
+    size = int(tokenizer.vocabulary_size())
+    if size != vocabulary:
+        raise ExportError(
+            f"The tokenizer has {size} tokens and the model's embedding {vocabulary} rows: "
+            "the bundle would pair them wrongly. Export the model with its own tokenizer."
+        )
+    start = getattr(tokenizer, "start_token_id", None)
+    end = getattr(tokenizer, "end_token_id", None)
+    if start is None or end is None:
+        raise ExportError(
+            f"{type(tokenizer).__name__} has no start or end token (start_token_id "
+            f"{start}, end_token_id {end}); LiteRT-LM's metadata needs both."
+        )
+    stops = (int(end),)
+    outside = [token for token in (int(start), *stops) if not 0 <= token < vocabulary]
+    if outside:
+        raise ExportError(
+            f"Start/stop token ids {outside} are outside the vocabulary (0...{vocabulary - 1})."
+        )
+    return BundlePlan(proto, int(start), stops, max_length, lengths)
+
+
+def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
+    """The `.litertlm` bytes: `tflite`, `plan`'s SentencePiece model and LlmMetadata."""
+    from litert_lm_builder import litertlm_builder as builder
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    metadata = llm_metadata_pb2.LlmMetadata()
+    metadata.start_token.token_ids.ids.append(plan.start_token)
+    for token in plan.stop_tokens:
+        metadata.stop_tokens.add().token_ids.ids.append(token)
+    metadata.max_num_tokens = plan.max_length
+    metadata.llm_model_type.generic_model.SetInParent()
+    with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
+        folder = Path(folder)
+        (folder / "model.tflite").write_bytes(tflite)
+        (folder / "tokenizer.model").write_bytes(plan.proto)
+        (folder / "metadata.pb").write_bytes(metadata.SerializeToString())
+        bundle = builder.LitertLmFileBuilder()
+        with contextlib.redirect_stdout(io.StringIO()):  # the builder prints the choice
+            # float32 activations: the file is verified against keras_hub in float32.
+            bundle.add_tflite_model(
+                str(folder / "model.tflite"),
+                builder.TfLiteModelType.PREFILL_DECODE,
+                prefer_activation_type="float32",
+            )
+        bundle.add_sentencepiece_tokenizer(str(folder / "tokenizer.model"))
+        bundle.add_llm_metadata(
+            str(folder / "metadata.pb"), supports_thinking=False, supports_function_calling=False
+        )
+        with open(folder / "model.litertlm", "wb") as stream:
+            bundle.build(stream, validate_metadata=True)
+        return (folder / "model.litertlm").read_bytes()
+
+
+def litertlm_file(model, plan: BundlePlan) -> bytes:
+    """The `.litertlm` bytes of keras_hub CausalLM `model` (`plan` from `litertlm_plan`)."""
+    from keras_posenc import keras_hub as bridge
+    from keras_posenc.export.decoder.litertlm_model import decoder_litertlm_tflite
+
+    decoder = bridge.describe_causal_lm(model, plan.cache_slots)
+    return litertlm_bundle(decoder_litertlm_tflite(decoder, plan.prefill_lengths), plan)
