@@ -27,6 +27,12 @@ from keras_posenc.export.decoder.description import Decoder, Mlp, Moe, PerLayerI
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
+from keras_posenc.export.decoder.quantized_graph import (
+    embedding_lookup,
+    head_matmul,
+    refuse_unquantizable,
+    weight_matmul,
+)
 from keras_posenc.export.decoder.runtime_version import refuse_older_onnxruntime
 
 GQA_OPSET = 21
@@ -55,17 +61,17 @@ def _skip_norm(g, x: str, residual: str, scale, epsilon: float, name: str) -> tu
 def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp | Moe) -> str:
     if isinstance(mlp, Moe):  # one contrib MoE where contrib ops are allowed (`moe.py`)
         return moe_onnx(g, i, hidden, mlp) if g.standard else moe_contrib(g, i, hidden, mlp)
-    up = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.up_proj", mlp.up)])
+    up = weight_matmul(g, hidden, mlp.up, f"layers.{i}.mlp.up_proj")
     if mlp.kind == "swiglu":
-        gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
+        gate = weight_matmul(g, hidden, mlp.gate, f"layers.{i}.mlp.gate_proj")
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate])])
         hidden = g.node("Mul", [silu, up])
     elif mlp.kind == "geglu":  # Gemma: tanh-approximated GELU of the gate, times up
-        gate = g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.gate_proj", mlp.gate)])
+        gate = weight_matmul(g, hidden, mlp.gate, f"layers.{i}.mlp.gate_proj")
         hidden = g.node("Mul", [g.node("Gelu", [gate], approximate="tanh"), up])
     else:
         hidden = g.node("Gelu", [up], domain="" if g.standard else MICROSOFT)
-    return g.node("MatMul", [hidden, g.initializer(f"layers.{i}.mlp.down_proj", mlp.down)])
+    return weight_matmul(g, hidden, mlp.down, f"layers.{i}.mlp.down_proj")
 
 
 def interface(decoder: Decoder) -> tuple[list, list]:
@@ -133,18 +139,25 @@ def _block_end(g, i: int, block, total: str, per_layer: str | None) -> str:
     return total
 
 
-def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
+def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) -> onnx.ModelProto:
     """The ONNX model of `decoder` (see the module docstring).
 
     Args:
         decoder: from `describe_decoder`.
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`) or `"standard"` (ONNX's
             own operators only for the attention; see `standard.py`).
+        quantization: None (float32 weights) or a `quantized_graph.Quantization`: the
+            projections and head as MatMulNBits (`quantized_graph.py`; "gqa" only).
     """
     if attention in ("gqa", "standard"):
         refuse_older_onnxruntime(decoder, attention)
+    if quantization is not None:
+        if attention != "gqa":
+            raise ValueError("quantization is written with attention='gqa' only (MatMulNBits).")
+        refuse_unquantizable(decoder, quantization)
     g = GraphBuilder()
     g.standard = attention == "standard"
+    g.quantization = quantization
     if attention == "gqa":
         attend, opset = GqaAttention(decoder), GQA_OPSET
     elif attention == "standard":
@@ -154,12 +167,7 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
     else:
         raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
     ids = attend.prepare(g, "input_ids", "attention_mask")
-    if decoder.tied_head:
-        # One table for both: the head's (width, vocabulary), gathered by column.
-        head = g.initializer("lm_head", decoder.head)
-        x = g.node("Transpose", [g.node("Gather", [head, ids], axis=1)], perm=[1, 2, 0])
-    else:
-        x = g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    x = embedding_lookup(g, decoder, ids)
     if decoder.embedding_scale != 1.0:
         x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
     per_layer = None
@@ -193,10 +201,8 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa") -> onnx.ModelProto:
             hidden = _norm(g, residual, norm.scale, norm.epsilon, name)
         progress.layer(i, decoder.num_layers)
     hidden = attend.finish(g, hidden)
-    if not decoder.tied_head:
-        head = g.initializer("lm_head", decoder.head)
     capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None
-    logits = g.node("MatMul", [hidden, head], 1 if biased or capped else ["logits"])
+    logits = head_matmul(g, hidden, decoder.head, 1 if biased or capped else ["logits"])
     if biased:
         bias = g.initializer("lm_head.bias", decoder.head_bias)
         logits = g.node("Add", [logits, bias], 1 if capped else ["logits"])

@@ -16,10 +16,11 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Norm
 from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.quantized_graph import weight_matmul
 
 
 def _biased(g: GraphBuilder, x: str, kernel: np.ndarray, bias, name: str) -> str:
-    out = g.node("MatMul", [x, g.initializer(name, kernel)])
+    out = weight_matmul(g, x, kernel, name)
     if bias is None:
         return out
     return g.node("Add", [out, g.initializer(f"{name}.bias", bias)])
@@ -77,8 +78,7 @@ def query_input(g: GraphBuilder, i: int, hidden: str, attention: Attention) -> s
 def attention_output(g: GraphBuilder, i: int, heads: str, attention: Attention) -> str:
     """The output projection of the attended heads `(batch, sequence, heads * head_dim)`,
     with its bias (GPT-OSS) where it has one."""
-    kernel = g.initializer(f"layers.{i}.attn.o_proj", attention.output)
-    out = g.node("MatMul", [heads, kernel])
+    out = weight_matmul(g, heads, attention.output, f"layers.{i}.attn.o_proj")
     if attention.output_bias is None:
         return out
     return g.node(

@@ -31,6 +31,7 @@ from keras_posenc.export.decoder.greedy import onnx_greedy
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
+from keras_posenc.export.decoder.quantized_graph import checked_quantization
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.decoder.weights_file import (
@@ -87,6 +88,9 @@ def save_decoder(
     prefill_lengths: tuple[int, ...] | None = None,
     external_data: bool | None = None,
     verbose: int = 1,
+    quantize: str | None = None,
+    block_size: int = 32,
+    accuracy_level: int = 4,
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
@@ -114,11 +118,9 @@ def save_decoder(
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
             `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
             (`model.litertlm`, docs/litertlm.md); LiteRT's converter is far slower.
-        bfloat16: what to do with a model in any low-precision dtype (bfloat16, float16,
-            mixed_bfloat16, mixed_float16; the files are float32): `"float32"` exports and
-            verifies a float32 copy (with a warning naming the dtype), `"error"` refuses. A
-            keras_hub model is always refused unless float32: its reference is keras_hub's
-            own generation, so load it with `dtype="float32"`.
+        bfloat16: a model in a low-precision dtype (bfloat16, float16, mixed_*; the files
+            are float32): `"float32"` exports a float32 copy (warned), `"error"` refuses; a
+            keras_hub model must be float32 (its reference is keras_hub's own generation).
         verify: run the verification of `check.py` before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`, inside the
             vocabulary; None: a keras_hub tokenizer's, else 0 (eos: the pad id, with a
@@ -127,8 +129,8 @@ def save_decoder(
             None: `litertlm_model.DEFAULT_PREFILL_LENGTHS`).
         external_data: the weights in `model.onnx.data` beside `model.onnx` (onnx's external
             data, `weights_file.py`): None past 2 GB (what one protobuf holds), or forced.
-        verbose: 1 says each phase on stderr (with layer progress, each verification case
-            and runtime, a replaced earlier folder), 0 nothing.
+        verbose: 1 says each phase on stderr (and layer and case progress), 0 nothing.
+        quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`), also written as
@@ -145,8 +147,8 @@ def save_decoder(
             nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
-    ids = (bos_token_id, eos_token_id, pad_token_id)
-    check_id_types(*ids)
+    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
+    check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
     progress = Progress(check_verbose(verbose), folder)
     progress.phase(f"describing the model (max_length {max_length})")
@@ -155,16 +157,15 @@ def save_decoder(
     plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
-    files = _files(model, decoder, formats, attention, plan, ids)
+    files = _files(model, decoder, formats, (attention, quantization), plan, ids)
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
         _write(files, staging, weights)
         files = None  # the graph: not held while verifying
         report = {}
         if verify:
-            checked = (model, decoder, reference, min(max_length, slots))
+            checked = (model, decoder, reference, min(max_length, slots), quantization, attention)
             report = _verified(checked, staging, formats, max_length, plan, progress)
-            report["attention"] = attention
             _raise_if_failed(report, folder)
             write_json(report, staging / "verification.json")
         if replacing:
@@ -194,14 +195,15 @@ def _plan(model, decoder, formats, max_length: int, prefill_lengths):
     return litertlm_plan(model, decoder.vocabulary, max_length, lengths)
 
 
-def _files(model, decoder, formats, attention: str, plan, token_ids: tuple) -> dict:
-    """The content of each file of `formats` by name (`token_ids`: genai_config's bos, eos
-    and pad ids, checked against the vocabulary first)."""
+def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) -> dict:
+    """The content of each file of `formats` by name (`attention`: save_decoder's attention
+    and its `Quantization` or None; `token_ids`: genai_config's bos, eos and pad ids,
+    checked against the vocabulary first)."""
     files = {}
     if "onnx" in formats:
         ids = special_ids(model, decoder.vocabulary, *token_ids)
         # Emitted in the staging folder, its weights streamed to their file (weights_file.py).
-        files["model.onnx"] = functools.partial(decoder_onnx, decoder, attention)
+        files["model.onnx"] = functools.partial(_onnx, decoder, *attention)
         files["genai_config.json"] = genai_config(decoder, **ids)
         files.update(tokenizer_files(model))
     if "litert" in formats:
@@ -211,6 +213,13 @@ def _files(model, decoder, formats, attention: str, plan, token_ids: tuple) -> d
 
         files["model.litertlm"] = litertlm_file(model, plan)
     return files
+
+
+def _onnx(decoder, attention: str, quantization):
+    """`decoder_onnx`'s model; its float call unchanged (`decoder_onnx(decoder, attention)`)."""
+    if quantization is None:
+        return decoder_onnx(decoder, attention)
+    return decoder_onnx(decoder, attention, quantization)
 
 
 def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
@@ -237,23 +246,36 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
 
 def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
     """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
-    `checked` its `(model, decoder, reference, length)`) and LiteRT-LM's engine's text."""
+    `checked` its `(model, decoder, reference, length, quantization, attention)`) and
+    LiteRT-LM's engine's text, with the attention, Keras backend and formats it ran."""
     model = checked[0]
-    runtimes = _runtimes(staging, formats, max_length)
-    report = _verify(*checked[:3], runtimes, checked[3], progress) if runtimes else {"cases": []}
+    runtimes = _runtimes(staging, formats, max_length, checked[4])
+    report = _verify(*checked[:3], runtimes, *checked[3:5], progress) if runtimes else {"cases": []}
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
         report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+    report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
     return report
 
 
-def _verify(model, decoder, reference, runtimes: dict, length: int, progress: Progress) -> dict:
+def _verify(
+    model, decoder, reference, runtimes: dict, length: int, quantization, progress: Progress
+) -> dict:
     """`verify_decoder`'s report, each case said through `progress`; `reference` None is
-    Keras's greedy generation through the step model."""
+    Keras's greedy generation through the step model. A quantized file's: see
+    `quantized_save.py`."""
     from keras_posenc.export.decoder.greedy import keras_greedy
+
+    if quantization is not None:
+        from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
+
+        keras_hub = reference is not None
+        return verify_quantized_decoder(
+            model, decoder, keras_hub, runtimes, length, quantization, progress
+        )
 
     window = widest_window(decoder)
     count = len(decoder_cases(decoder.vocabulary, length, window=window)) + 1  # teacher-forced
@@ -300,11 +322,16 @@ def _write(files: dict, staging: Path, weights=None) -> None:
             (staging / name).write_bytes(content)
 
 
-def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int) -> dict:
-    """One greedy runner per file written, by runtime name."""
+def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantization) -> dict:
+    """One greedy runner per file written, by runtime name (and for a quantized file with
+    int8 activations the same file with float arithmetic: `float_arithmetic_runtime`)."""
+    from keras_posenc.export.decoder.quantized_save import float_arithmetic_runtime
+
     runtimes = {}
     if "onnx" in formats:
-        runtimes["onnxruntime"] = _onnx_runtime(staging / "model.onnx", max_length)
+        path = staging / "model.onnx"
+        runtimes["onnxruntime"] = _onnx_runtime(path, max_length)
+        runtimes.update(float_arithmetic_runtime(path, max_length, quantization))
         if importlib.util.find_spec("onnxruntime_genai") is not None:
             model = genai_model(staging)  # refused here: a folder og cannot load
             runtimes["onnxruntime-genai"] = genai_greedy(model, max_length)

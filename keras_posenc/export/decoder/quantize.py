@@ -1,0 +1,105 @@
+"""One definition of a blockwise-quantized weight, as `com.microsoft.MatMulNBits` stores it.
+
+A kernel `w` of shape `(K, N)` (`y = x @ w`) is cut, column by column, into blocks of
+`block_size` rows along K. Each block gets one float32 `scale` and `bits`-bit integers
+`q` with `w ≈ (q - zero) * scale`, `zero = 2^(bits-1)` (symmetric: no zero points are
+stored). The scale is the block's value of largest magnitude, sign kept, over `-zero`
+(so that value is `q = 0` exactly), and `q = round(w / scale + zero)` (half away from
+zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8bits`
+(MLAS), which the genai builder's `MatMulNBitsQuantizer` calls, bit for bit.
+
+Stored: `B` uint8 `(N, K / block_size, block_size * bits / 8)` (4 bits: two per byte,
+the lower K index in the low nibble), `scales` float32 `(N, K / block_size)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+QUANTIZE_MODES = {"int4": 4, "int8": 8}
+MIN_BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+    """A quantized `(K, N)` kernel: `packed` `(N, blocks, block_size * bits / 8)` uint8,
+    `scales` `(N, blocks)` float32."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    bits: int
+    block_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The kernel's `(K, N)`."""
+        n, blocks, _ = self.packed.shape
+        return blocks * self.block_size, n
+
+
+def check_block_size(block_size) -> int:
+    """`block_size` as an int, or a ValueError naming what MatMulNBits takes."""
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, (int, np.integer))
+        or block_size < MIN_BLOCK
+        or block_size & (block_size - 1)
+    ):
+        raise ValueError(
+            f"block_size must be a power of 2 >= {MIN_BLOCK} (what MatMulNBits takes), got "
+            f"{block_size!r}; the builder's default is 32."
+        )
+    return int(block_size)
+
+
+def _integers(kernel: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
+    k, n = kernel.shape
+    if k % block_size:
+        raise ValueError(f"K={k} is not a multiple of block_size={block_size}.")
+    blocks = np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    zero = np.float32(1 << (bits - 1))
+    scales = (largest / -zero).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        reciprocal = np.where(scales != 0, np.float32(1) / scales, np.float32(0))
+    shifted = (blocks * reciprocal[..., None]).astype(np.float32) + zero  # float32, as MLAS
+    rounded = np.floor(np.abs(shifted.astype(np.float64)) + 0.5) * np.sign(shifted)
+    q = np.clip(rounded, 0, (1 << bits) - 1).astype(np.uint8)
+    return q, scales
+
+
+def quantize(kernel: np.ndarray, bits: int, block_size: int) -> Quantized:
+    """`kernel` `(K, N)` symmetric round-to-nearest, blockwise along K (module docstring)."""
+    q, scales = _integers(kernel, bits, block_size)
+    if bits == 4:
+        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    elif bits == 8:
+        packed = q
+    else:
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}.")
+    return Quantized(packed, scales, bits, block_size)
+
+
+def unpacked(quantized: Quantized) -> np.ndarray:
+    """The integers `q` `(N, blocks, block_size)`."""
+    packed = quantized.packed
+    if quantized.bits == 8:
+        return packed
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1)
+
+
+def dequantize(quantized: Quantized) -> np.ndarray:
+    """The float32 `(K, N)` kernel the file stores: `(q - zero) * scale`."""
+    zero = np.float32(1 << (quantized.bits - 1))
+    q = unpacked(quantized).astype(np.float32) - zero
+    w = (q * quantized.scales[..., None]).astype(np.float32)
+    k, n = quantized.shape
+    return np.ascontiguousarray(w.reshape(n, k).T)
+
+
+def round_trip(kernel: np.ndarray, bits: int, block_size: int) -> np.ndarray:
+    """`dequantize(quantize(kernel))`: the float32 weight a quantized file computes with."""
+    return dequantize(quantize(kernel, bits, block_size))

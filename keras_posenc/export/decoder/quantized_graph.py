@@ -1,0 +1,180 @@
+"""Quantized weights in the GroupQueryAttention graph, as the genai builder writes them.
+
+Every projection (the packed or separate q/k/v, the attention output, the MLP's gate, up
+and down, the head) is one `com.microsoft.MatMulNBits` over `quantize.py`'s blocks
+(symmetric: no zero points). A tied embedding (the head's kernel is the table transposed)
+is `GatherBlockQuantized` over the head's packed weights reshaped to `(vocabulary,
+K * bits / 8)`; an untied one stays a float32 `Gather`. Weights outside that list (Gemma
+4's per-layer gate and projection) stay float32 MatMuls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
+from keras_posenc.export.errors import ExportError
+
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """What `save_decoder(quantize=...)` asked for: `bits`, `block_size`, and
+    MatMulNBits' `accuracy_level` (0/1: float32 arithmetic on the dequantized weights;
+    4: int8 activations, onnxruntime's CPU fast path, the builder's choice)."""
+
+    bits: int
+    block_size: int
+    accuracy_level: int
+
+
+def checked_quantization(
+    quantize_mode, block_size, accuracy_level, attention: str, formats: tuple
+) -> Quantization | None:
+    """The `Quantization` of `save_decoder`'s arguments, or None (`quantize=None`).
+
+    Raises:
+        ValueError: a mode, block size or accuracy level the runtime does not take.
+        ExportError: a combination not written yet (standard ops, LiteRT).
+    """
+    if quantize_mode is None:
+        return None
+    if quantize_mode not in QUANTIZE_MODES:
+        raise ValueError(
+            f"quantize must be None, 'int8' or 'int4' (MatMulNBits' 8 or 4 bits), got "
+            f"{quantize_mode!r}."
+        )
+    block_size = check_block_size(block_size)
+    if isinstance(accuracy_level, bool) or accuracy_level not in ACCURACY_LEVELS:
+        raise ValueError(
+            f"accuracy_level must be one of {ACCURACY_LEVELS} (MatMulNBits' attribute), got "
+            f"{accuracy_level!r}."
+        )
+    if attention != "gqa":
+        raise ExportError(
+            f"quantize={quantize_mode!r} with attention={attention!r} is not yet supported: "
+            "quantized files are written with attention='gqa' (MatMulNBits) only."
+        )
+    if any(kind != "onnx" for kind in formats):
+        raise ExportError(
+            f"quantize={quantize_mode!r} with formats={formats!r} is not yet supported: "
+            "quantized files are written as ONNX only (formats=('onnx',))."
+        )
+    return Quantization(QUANTIZE_MODES[quantize_mode], block_size, int(accuracy_level))
+
+
+def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
+    """`[(name, kernel (K, N))]`: every weight the file writes quantized."""
+    kernels = []
+    for i, block in enumerate(decoder.blocks):
+        a = block.attention
+        for part, kernel in (("q", a.query), ("k", a.key), ("v", a.value), ("o", a.output)):
+            if kernel.shape[1]:  # a KV-sharing layer's key and value are (width, 0)
+                kernels.append((f"layers.{i}.attn.{part}_proj", kernel))
+        for part in ("gate", "up", "down"):
+            kernel = getattr(block.mlp, part)
+            if kernel is not None:
+                kernels.append((f"layers.{i}.mlp.{part}_proj", kernel))
+    kernels.append(("lm_head", decoder.head))
+    return kernels
+
+
+def refuse_unquantizable(decoder, quantization: Quantization) -> None:
+    """Refuses, before anything is written, what MatMulNBits cannot take: a K (a kernel's
+    input width) that is not a whole number of blocks, and mixtures of experts (QMoE is
+    not written yet)."""
+    if any(block.mlp.kind == "moe" for block in decoder.blocks):
+        raise ExportError(
+            "quantize with a mixture-of-experts MLP is not yet supported (QMoE is not "
+            "written); export it with quantize=None."
+        )
+    block = quantization.block_size
+    for name, kernel in quantized_kernels(decoder):
+        if kernel.shape[0] % block:
+            raise ExportError(
+                f"{name}'s input width K={kernel.shape[0]} is not a multiple of "
+                f"block_size={block}, which the quantized file needs; pick a block_size "
+                f"(a power of 2 >= 16) that divides it."
+            )
+
+
+def is_tied(decoder) -> bool:
+    """Whether the head's kernel is the embedding table transposed (keras_hub's
+    `tie_word_embeddings`: the description says so; otherwise equal tables)."""
+    if decoder.tied_head:
+        return True
+    return decoder.head.shape == decoder.embedding.shape[::-1] and np.array_equal(
+        decoder.head, decoder.embedding.T
+    )
+
+
+def _stored(g: GraphBuilder, name: str, kernel: np.ndarray) -> tuple[str, str]:
+    """`(packed, scales)` initializers of `kernel` quantized."""
+    q = g.quantization
+    stored = quantize(kernel, q.bits, q.block_size)
+    packed = g.initializer(f"{name}.MatMul.weight_Q{q.bits}", stored.packed)
+    return packed, g.initializer(f"{name}.MatMul.weight_scales", stored.scales)
+
+
+def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str], outputs=1):
+    q = g.quantization
+    return g.node(
+        "MatMulNBits",
+        [x, *stored],
+        outputs,
+        domain=MICROSOFT,
+        K=kernel.shape[0],
+        N=kernel.shape[1],
+        bits=q.bits,
+        block_size=q.block_size,
+        accuracy_level=q.accuracy_level,
+    )
+
+
+def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, outputs=1) -> str:
+    """`x @ kernel`: a float32 MatMul, or MatMulNBits where the graph is quantized."""
+    if getattr(g, "quantization", None) is None:
+        return g.node("MatMul", [x, g.initializer(name, kernel)], outputs)
+    return _nbits(g, x, kernel, _stored(g, name, kernel), outputs)
+
+
+def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
+    """The head: a float32 MatMul, or MatMulNBits (over the weights a tied embedding's
+    GatherBlockQuantized already reads, see `embedding_lookup`)."""
+    if getattr(g, "quantization", None) is None:
+        table = getattr(g, "tied_table", None) or g.initializer("lm_head", head)
+        return g.node("MatMul", [hidden, table], outputs)
+    stored = getattr(g, "head_stored", None) or _stored(g, "lm_head", head)
+    return _nbits(g, hidden, head, stored, outputs)
+
+
+def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
+    """The embedded tokens: a float32 Gather, or where the graph is quantized and the
+    table tied, `GatherBlockQuantized` over the head's packed weights (each row of the
+    table is a column of the head: blocks along the width, the same nibbles)."""
+    if getattr(g, "quantization", None) is None:
+        if not decoder.tied_head:
+            return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+        # One table for both, stored once: the head's (width, vocabulary), by column.
+        g.tied_table = g.initializer("lm_head", decoder.head)
+        return g.node("Transpose", [g.node("Gather", [g.tied_table, ids], axis=1)], perm=[1, 2, 0])
+    if not is_tied(decoder):
+        return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
+    q = g.quantization
+    g.head_stored = _stored(g, "lm_head", decoder.head)
+    packed, scales = g.head_stored
+    width = decoder.head.shape[0] * q.bits // 8
+    table = g.node("Reshape", [packed, g.constant([decoder.vocabulary, width], np.int64)])
+    return g.node(
+        "GatherBlockQuantized",
+        [table, ids, scales],
+        domain=MICROSOFT,
+        bits=q.bits,
+        block_size=q.block_size,
+        gather_axis=0,
+        quantize_axis=1,
+    )

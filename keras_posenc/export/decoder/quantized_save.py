@@ -1,0 +1,85 @@
+"""`save_decoder(quantize=...)`'s verification: the file against the dequantized model."""
+
+from __future__ import annotations
+
+from keras_posenc.export.decoder.check import (
+    compare_greedy,
+    decoder_cases,
+    failure_message,
+    widest_window,
+)
+from keras_posenc.export.decoder.quantized_check import (
+    compare_with_bound,
+    dequantized_weights,
+    verify_quantized,
+)
+from keras_posenc.export.decoder.quantized_graph import quantized_kernels
+
+# accuracy_level 0 and 1: MatMulNBits computes in float32 on the dequantized weights.
+FLOAT_LEVELS = (0, 1)
+# The runtime of the file's own bytes with float arithmetic (`float_arithmetic_runtime`).
+FLOAT_RUNTIME = "onnxruntime, accuracy_level 0"
+
+
+def float_arithmetic_runtime(path, max_length: int, quantization) -> dict:
+    """`{FLOAT_RUNTIME: greedy}` for a file with int8 activations (accuracy_level 2-4):
+    the same file, every MatMulNBits set to accuracy_level 0, in memory. Its weights are
+    then judged to float32 tolerance: a wrong scale, block, nibble or zero point cannot
+    hide in the int8-activation bound. `{}` for a float-arithmetic file."""
+    import onnx
+    import onnxruntime
+
+    from keras_posenc.export.decoder.greedy import onnx_greedy
+
+    if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
+        return {}
+    model = onnx.load(path)
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attribute in node.attribute:
+                if attribute.name == "accuracy_level":
+                    attribute.i = 0
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return {
+        FLOAT_RUNTIME: lambda prompts, mask, steps: onnx_greedy(
+            session, prompts, mask, steps, max_length
+        )
+    }
+
+
+def verify_quantized_decoder(
+    model, decoder, keras_hub: bool, runtimes: dict, length: int, quantization, progress
+) -> dict:
+    """The report of `save_decoder` for a quantized file (`quantized_check.py`)."""
+    from keras_posenc import keras_hub as bridge
+    from keras_posenc.export.decoder.greedy import keras_greedy
+
+    def greedy_of(step_model):
+        if keras_hub:
+            return bridge.keras_hub_greedy(step_model)
+        return lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)
+
+    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
+    chain = 2 * layers + 1  # each layer's attention and MLP, then the head
+    bounded = quantization.accuracy_level not in FLOAT_LEVELS
+
+    def judge(name, expected, got, mask):
+        if bounded and name != FLOAT_RUNTIME:
+            return compare_with_bound(expected, got, mask, chain, quantization.block_size)
+        return compare_greedy(expected, got, mask)
+
+    cases = decoder_cases(decoder.vocabulary, length, window=widest_window(decoder))
+    name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
+    progress.say(f"verifying against {name} (the file's weights), {len(cases)} cases")
+    dequantized = dequantized_weights(model, decoder, quantization)
+    report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
+    report["passed"] = failure_message(report) is None
+    report["quantization"] = {
+        "bits": quantization.bits,
+        "block_size": quantization.block_size,
+        "accuracy_level": quantization.accuracy_level,
+        "judged": "int8-activation bound" if bounded else "float32 tolerance",
+    }
+    return report
