@@ -117,13 +117,18 @@ class DynamicFrequencies:
     def turns(self, total_length) -> tuple:
         """`(hi, lo)` float32 tensors `(d/2,)` of `ω'/2π` for the total length.
 
-        A length known now gets the host's rows; a traced one, the two-word arithmetic.
+        A length known now gets the host's rows; a traced one, the two-word arithmetic past
+        M (in a graph, a conditional: at or below M the host's words of `ω`).
         """
         t = tricks()
         known = t.static_value(total_length)
         if known is not None and not t.is_symbolic(known) and np.ndim(known) == 0:
             return tuple(ops.convert_to_tensor(a) for a in self.host_turns(int(known)))
-        return t.apart(lambda: self.traced_turns(total_length), total_length, self.pairs)
+        return t.apart(
+            lambda: self.traced_turns(total_length),
+            total_length > self.max_position_embeddings,
+            self._turns,  # the host's words of ω/2π: g = 1 at or below M
+        )
 
     def traced_turns(self, total_length) -> tuple:
         """`turns` with float32 arithmetic only, for a length known at run time.
