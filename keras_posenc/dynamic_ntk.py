@@ -117,13 +117,18 @@ class DynamicFrequencies:
     def turns(self, total_length) -> tuple:
         """`(hi, lo)` float32 tensors `(d/2,)` of `ω'/2π` for the total length.
 
-        A length known now gets the host's rows; a traced one, the two-word arithmetic.
+        A length known now gets the host's rows; a traced one, the two-word arithmetic past
+        M (in a graph, a conditional: at or below M the host's words of `ω`).
         """
         t = tricks()
         known = t.static_value(total_length)
         if known is not None and not t.is_symbolic(known) and np.ndim(known) == 0:
             return tuple(ops.convert_to_tensor(a) for a in self.host_turns(int(known)))
-        return t.apart(lambda: self.traced_turns(total_length), total_length, self.pairs)
+        return t.apart(
+            lambda: self.traced_turns(total_length),
+            total_length > self.max_position_embeddings,
+            self._turns,  # the host's words of ω/2π: g = 1 at or below M
+        )
 
     def traced_turns(self, total_length) -> tuple:
         """`turns` with float32 arithmetic only, for a length known at run time.
@@ -160,15 +165,21 @@ class DynamicFrequencies:
         return _quick_sum(high, low + high * correction)
 
     def _powers(self, c0) -> tuple:
-        """`c0^k` for pair `k` as two words: the product of `c0^(2^b)` over the bits of `k`."""
-        k = np.arange(self.pairs)
-        high = ops.ones((self.pairs,), "float32")
-        low = ops.zeros((self.pairs,), "float32")
-        power = (c0, ops.zeros_like(c0))  # c0^(2^b)
-        for bit in range(max(1, (self.pairs - 1).bit_length())):
-            chosen = ops.convert_to_tensor((k >> bit) & 1 == 1)
-            factor = (ops.where(chosen, power[0], 1.0), ops.where(chosen, power[1], 0.0))
-            high, low = _multiply((high, low), factor)
-            if bit + 1 < (self.pairs - 1).bit_length():
-                power = _multiply(power, power)
-        return high, low
+        """`c0^k` for pair `k` as two words, by doubling: `c0^k` for `k < 2^(b+1)` is those
+        below `2^b` and their products with `c0^(2^b)`. One two-word product per step makes
+        both those and the next `c0^(2^(b+1))` (the square rides along as one more lane):
+        few ops, and the same products in the same order as the bits of `k`."""
+        high, low = ops.ones((1,), "float32"), ops.zeros((1,), "float32")
+        power = (c0[:1], ops.zeros((1,), "float32"))  # c0^(2^b)
+        while high.shape[0] < self.pairs:
+            count = high.shape[0]
+            words = (
+                ops.concatenate([high, power[0]]),
+                ops.concatenate([low, power[1]]),
+            )
+            factor = tuple(ops.broadcast_to(word, (count + 1,)) for word in power)
+            product = _multiply(words, factor)
+            high = ops.concatenate([high, product[0][:count]])
+            low = ops.concatenate([low, product[1][:count]])
+            power = (product[0][count:], product[1][count:])
+        return high[: self.pairs], low[: self.pairs]

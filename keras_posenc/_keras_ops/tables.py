@@ -87,15 +87,16 @@ def _run_by_slices(frequencies, start, length: int):
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
-def apart(compute: Callable, guard, width: int) -> tuple:
-    """`_tf.apart` here: under `jax.jit` (a traced `guard`) a `jax.lax.cond` keeps
-    `compute` out of the fused kernels of the rows; elsewhere plain `compute()`."""
-    if keras.backend.backend() != "jax" or not is_traced(guard):
+def apart(compute: Callable, scaled, unscaled: tuple) -> tuple:
+    """`_tf.apart` here: under `jax.jit` (a traced `scaled`) a `jax.lax.cond` between
+    `compute()` and the host words `unscaled`, which also keeps `compute` out of the
+    fused kernels of the rows; elsewhere plain `compute()`."""
+    if keras.backend.backend() != "jax" or not is_traced(scaled):
         return compute()
     import jax
 
-    zeros = ops.zeros((width,), "float32")
-    return tuple(jax.lax.cond(guard >= 0, lambda: tuple(compute()), lambda: (zeros, zeros)))
+    words = tuple(ops.convert_to_tensor(word) for word in unscaled)
+    return tuple(jax.lax.cond(scaled, lambda: tuple(compute()), lambda: words))
 
 
 def _words(high, low):

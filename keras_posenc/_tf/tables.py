@@ -57,23 +57,24 @@ def _fixed_point_words(high, low, round_):
     return w1, w2, w3, rest - w3
 
 
-def apart(compute: Callable, guard, width: int) -> tuple:
-    """`compute()` (two `(width,)` tensors), under XLA as its own computation.
+def apart(compute: Callable, scaled, unscaled: tuple) -> tuple:
+    """`compute()` (two `(width,)` tensors) where the run-time predicate `scaled` holds,
+    else the host words `unscaled`; in a graph, a conditional between the two.
 
-    XLA would copy the many small steps of `compute` (dynamic NTK's frequency arithmetic)
-    into the fused kernel of every row that uses them, and compiling those kernels then
-    takes minutes for a few hundred positions. A conditional on a run-time `guard`
-    (always true: a total length is never negative) keeps them apart. Elsewhere (graphs,
-    eager, exported files) plain `compute()`.
+    Dynamic NTK's frequency arithmetic (`compute`) is a few hundred small ops. Past
+    `max_position_embeddings` only does it change the frequencies: at or below, the
+    conditional takes the host's unscaled words and runs none of them (the common decode
+    case), in plain graphs and under XLA alike. Under XLA the conditional also keeps the
+    arithmetic apart from the rows' fused kernels (XLA would copy it into each, and
+    compiling those takes minutes for a few hundred positions). Eagerly, and in graphs
+    traced for a converter (whose files then hold no control flow), plain `compute()`.
     """
-    from keras_posenc._tf.tracing import in_xla_context
+    from keras_posenc._tf.tracing import assertions_dropped, in_xla_context
 
-    if not in_xla_context():
+    if tf.executing_eagerly() or (assertions_dropped() and not in_xla_context()):
         return compute()
-    zeros = tf.zeros([width], tf.float32)
-    return tuple(
-        tf.cond(tf.cast(guard, tf.int32) >= 0, lambda: tuple(compute()), lambda: (zeros, zeros))
-    )
+    words = tuple(tf.constant(word) for word in unscaled)
+    return tuple(tf.cond(scaled, lambda: tuple(compute()), lambda: words))
 
 
 _TURN = 2**31  # one turn in the fixed-point sum below
