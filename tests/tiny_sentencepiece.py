@@ -74,3 +74,27 @@ def tiny_llama_with_tokenizer(seed: int = 0, extra_rows: int = 0):
     redraw(backbone, seed)
     preprocessor = keras_hub.models.LlamaCausalLMPreprocessor(tokenizer, sequence_length=64)
     return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=preprocessor)
+
+
+def sentencepiece_bpe_proto(special: dict = LLAMA, dummy_prefix: bool = True) -> bytes:
+    """A BPE model with byte fallback and the normalization of Llama 2's and Gemma's
+    models: none (identity rule, runs of spaces kept), a `▁` before the text (Llama 2)
+    or not (Gemma)."""
+    import sentencepiece
+
+    out = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES * 20),
+        model_writer=out,
+        vocab_size=340,  # the 256 bytes, the special pieces and the merges
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=dummy_prefix,
+        split_digits=True,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        **special,
+    )
+    return out.getvalue()

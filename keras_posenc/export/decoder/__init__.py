@@ -6,7 +6,8 @@ onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attenti
 `moe` (a mixture of experts: dense ONNX ops, or one `com.microsoft.MoE`), `onnx_decoder`
 (the genai-interface graph), `litert_decoder` (the LiteRT file with `prefill` and `decode`
 signatures), `genai_config`, `special_tokens` (its end, start and pad ids), `tokenizer_files`
-(a keras_hub tokenizer as onnxruntime-genai's files), `greedy` (greedy generation in Keras;
+(a keras_hub tokenizer as onnxruntime-genai's files; `sentencepiece_files` converts a
+SentencePiece model), `greedy` (greedy generation in Keras;
 the onnxruntime runner lives in the keras-free `keras_posenc_serve`), `genai_runtime` (the
 folder in onnxruntime-genai), `check` (the verification) and `save` (`save_decoder`).
 Only `litert_decoder` needs TensorFlow: its names are imported on first use, so the ONNX

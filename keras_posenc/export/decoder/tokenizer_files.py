@@ -7,22 +7,27 @@ GPT-2, Llama 3, Qwen, ...): the vocabulary and merges as a tokenizers-library `B
 with GPT-2's `ByteLevel` pre-tokenizer and decoder (the files Hugging Face writes for
 GPT-2), each special token of the tokenizer as an added token. onnxruntime-genai 0.18
 reads only `tokenizer.json` (a `tokenizer.model` beside it is refused: "Invalid file"), so
-a SentencePiece tokenizer (Llama 2, Gemma, Mistral) would need its model converted to a
-`tokenizer.json`; that is not written yet, and such a folder is kept without tokenizer
-files, with a warning naming the tokenizer's class (feed token ids, or convert it with
-transformers). og's `encode` adds no start token (it does not apply a post-processor):
-prepend `bos_token_id` as keras_hub's preprocessor does.
+a SentencePiece tokenizer's model (Llama 2, Gemma, Mistral) is converted to the
+`tokenizer.json` og reads as SentencePiece (`sentencepiece_files`); where og would encode
+it otherwise the folder is kept without tokenizer files, with a warning naming the
+tokenizer's class and the reason (feed token ids). og's `encode` adds no start token (it
+does not apply a post-processor): prepend `bos_token_id` as keras_hub's preprocessor does.
 """
 
 from __future__ import annotations
 
 import warnings
 
+from keras_posenc.export.decoder.sentencepiece_files import sentencepiece_files
 from keras_posenc.export.decoder.special_tokens import tokenizer_of
 
 
+def _is(tokenizer, name: str) -> bool:
+    return any(cls.__name__ == name for cls in type(tokenizer).__mro__)
+
+
 def _byte_pair(tokenizer) -> bool:
-    return any(cls.__name__ == "BytePairTokenizer" for cls in type(tokenizer).__mro__)
+    return _is(tokenizer, "BytePairTokenizer")
 
 
 def _added_tokens(tokenizer, vocabulary: dict) -> list[dict]:
@@ -82,20 +87,27 @@ def tokenizer_config(tokenizer) -> dict:
 
 def tokenizer_files(model) -> dict:
     """`{file name: content}` for the tokenizer of `model`'s keras_hub preprocessor; `{}`
-    where there is none, or (with a warning) where its kind is not written."""
+    where there is none, or (with a warning) where its kind is not written.
+
+    `{}` and a warning also for a SentencePiece model onnxruntime-genai 0.18 would not
+    encode as SentencePiece does (see `sentencepiece_files`)."""
     tokenizer = tokenizer_of(model)
     if tokenizer is None:
         return {}
-    if not _byte_pair(tokenizer):
+    if _byte_pair(tokenizer):
+        return {
+            "tokenizer.json": byte_pair_tokenizer_json(tokenizer),
+            "tokenizer_config.json": tokenizer_config(tokenizer),
+        }
+    if _is(tokenizer, "SentencePieceTokenizer"):
+        proto = getattr(tokenizer, "proto", None)
+        files, why = sentencepiece_files(proto) if proto else ({}, "no model is loaded")
+    else:
+        files, why = {}, "neither a byte-level BPE nor a SentencePiece tokenizer"
+    if why:
         warnings.warn(
-            f"The folder carries no tokenizer files: {type(tokenizer).__name__} is not a "
-            "byte-level BPE tokenizer, the kind written so far (onnxruntime-genai reads a "
-            "tokenizer.json only; a SentencePiece model is not converted). Feed og.Generator "
-            "token ids from keras_hub's tokenizer.",
+            f"The folder carries no tokenizer files for {type(tokenizer).__name__}: {why}. "
+            "Feed og.Generator token ids from keras_hub's tokenizer.",
             stacklevel=4,  # the caller of save_decoder
         )
-        return {}
-    return {
-        "tokenizer.json": byte_pair_tokenizer_json(tokenizer),
-        "tokenizer_config.json": tokenizer_config(tokenizer),
-    }
+    return files
