@@ -92,10 +92,6 @@ ALLOWED = {
     ): PENDING_RUNTIME,
     ("test_decoder_block.py", "test_training_model_is_the_cached_prefill"): PENDING_SAME,
     (
-        "test_decoding_export.py",
-        "test_exported_decode_step_verifies_and_generates_like_keras",
-    ): PENDING_RUNTIME,
-    (
         "test_examples.py",
         "test_order_matters_without_positions_is_chance_and_with_positions_is_not",
     ): STATISTIC,
@@ -144,10 +140,6 @@ ALLOWED = {
     ): PENDING_SAME,
     ("test_onnx_cse.py", "test_each_attention_layer_computes_its_rows_once"): PENDING_RUNTIME,
     ("test_onnx_erfc.py", "test_erfc_rewrite_matches_erfc_in_float32"): PENDING_RUNTIME,
-    (
-        "test_onnx_guards.py",
-        "test_a_runtime_start_has_no_where_on_the_fast_path_and_matches_keras",
-    ): PENDING_RUNTIME,
     ("test_onnx_pipeline.py", "test_exact_gelu_encoder_exports_and_matches_keras"): PENDING_RUNTIME,
     ("test_onnx_rotary.py", "test_rewritten_export_matches_keras"): PENDING_RUNTIME,
     (
