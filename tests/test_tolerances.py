@@ -111,10 +111,6 @@ ALLOWED = {
         "test_examples.py",
         "test_where_is_it_without_positions_is_chance_and_2d_positions_solve_it",
     ): STATISTIC,
-    (
-        "test_export.py",
-        "test_saved_model_loads_in_a_fresh_process_without_keras_posenc",
-    ): PENDING_RUNTIME,
     ("test_export.py", "test_float16_model_is_compared_with_its_float32_twin"): HALF,
     ("test_export.py", "test_bfloat16_model_exports_a_float32_copy_that_loads"): HALF,
     (
@@ -124,10 +120,6 @@ ALLOWED = {
     ("test_frequencies.py", "test_inverse_frequencies_of_the_seed_example"): FLOAT64,
     ("test_frequencies.py", "test_inverse_frequencies_match_the_formula"): FLOAT64,
     ("test_frequencies.py", "test_wavelengths_are_two_pi_times_base_to_the_2k_over_d"): FLOAT64,
-    (
-        "test_keras_file_loading.py",
-        "test_loading_in_a_fresh_process_without_the_import",
-    ): PENDING_RUNTIME,
     ("test_keras_hub_gpt_oss.py", "test_yarn_tables_are_numpy_float64"): TABLE,
     (
         "test_layer_contract.py",
@@ -139,7 +131,6 @@ ALLOWED = {
         "test_chunked_self_attention_on_a_slice_counts_chunks_from_its_start",
     ): PENDING_SAME,
     ("test_onnx_cse.py", "test_each_attention_layer_computes_its_rows_once"): PENDING_RUNTIME,
-    ("test_onnx_erfc.py", "test_erfc_rewrite_matches_erfc_in_float32"): PENDING_RUNTIME,
     ("test_onnx_pipeline.py", "test_exact_gelu_encoder_exports_and_matches_keras"): PENDING_RUNTIME,
     ("test_onnx_rotary.py", "test_rewritten_export_matches_keras"): PENDING_RUNTIME,
     (
@@ -222,10 +213,6 @@ ALLOWED = {
         "test_verify_driver.py",
         "test_a_wrong_file_fails_by_the_difference_of_the_tables_and_the_report_is_written",
     ): VERIFIER,
-    (
-        "test_verify_report.py",
-        "test_stored_arrays_are_the_rows_of_the_formula_below_the_bound",
-    ): PENDING_RUNTIME,
     (
         "test_verify_tables.py",
         "test_a_row_changed_at_the_start_middle_or_end_of_any_table_fails",
