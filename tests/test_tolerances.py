@@ -68,11 +68,6 @@ ALLOWED = {
     ): PENDING_FORMULA,
     ("sweep.py", "outcome"): PENDING_SAME,
     ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
-    (
-        "test_axes_export.py",
-        "test_exported_files_are_the_formulas_at_every_table_boundary",
-    ): PENDING_RUNTIME,
-    ("test_axes_export.py", "test_constant_grid_files_are_the_formulas"): PENDING_RUNTIME,
     ("test_benchmark_report.py", "test_sign_test_matches_the_binomial_tails"): FLOAT64,
     (
         "test_benchmark_report.py",
