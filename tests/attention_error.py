@@ -24,8 +24,9 @@ def attention_error(
     table_error: float = TABLE_ERROR,
     query_factor=None,
     unit: float = U,
+    causal: bool = True,
 ) -> np.ndarray:
-    """The most a float32 evaluation of causal rotary attention can be off, per output.
+    """The most a float32 evaluation of (causal) rotary attention can be off, per output.
 
     The computation: `q, k, v = x W + b` (queries with a sigmoid gate beside them when
     `gate`), RoPE on `q, k` and optionally a norm of each (before or after RoPE), scores
@@ -54,6 +55,7 @@ def attention_error(
         query_factor: optional float64 `(T,)` factors of the queries (an attention
             temperature), applied after RoPE and norms, each rounded once.
         unit: the unit roundoff (`U`; `2.0**-53` bounds a float64 evaluation).
+        causal: whether each query sees only its own and earlier keys (else every key).
 
     Returns:
         float64 `(batch, T, out)`: bound on `|float32 output - exact output|`.
@@ -114,11 +116,12 @@ def attention_error(
         + np.einsum("bth,bsh->bhts", q_size, k_error)
         + np.einsum("bth,bsh->bhts", q_error, k_error)
     )
-    causal = np.tril(np.ones((length, length), bool))
+    visible = np.ones((length, length), bool)
+    visible = np.tril(visible) if causal else visible
     largest = scale * np.einsum("bth,bsh->bhts", q_mag, k_mag)
-    delta = np.where(causal, scale * dot, 0.0).max(-1)
-    delta = delta + 3 * unit * np.where(causal, largest, 0.0).max(-1)  # (batch, heads, T)
-    seen = np.arange(1, length + 1)
+    delta = np.where(visible, scale * dot, 0.0).max(-1)
+    delta = delta + 3 * unit * np.where(visible, largest, 0.0).max(-1)  # (batch, heads, T)
+    seen = visible.sum(-1)
     exp_unit = EXP_ULPS * unit
     spread_p = (
         np.exp(2 * delta)

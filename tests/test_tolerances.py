@@ -96,14 +96,6 @@ ALLOWED = {
     ): PENDING_RUNTIME,
     (
         "test_examples.py",
-        "test_where_is_it_models_add_the_positions_of_their_patches",
-    ): PENDING_RUNTIME,
-    (
-        "test_examples.py",
-        "test_where_is_it_rope_attention_rotates_by_row_and_column",
-    ): PENDING_RUNTIME,
-    (
-        "test_examples.py",
         "test_where_is_it_without_positions_is_chance_and_2d_positions_solve_it",
     ): STATISTIC,
     ("test_export.py", "test_float16_model_is_compared_with_its_float32_twin"): HALF,
