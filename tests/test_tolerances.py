@@ -77,14 +77,6 @@ ALLOWED = {
         "test_compact_artifacts.py",
         "test_the_stacked_saved_model_still_loads_with_tensorflow_alone_and_matches_keras",
     ): PENDING_RUNTIME,
-    (
-        "test_compact_artifacts.py",
-        "test_a_bounded_export_matches_keras_up_to_the_bound",
-    ): PENDING_RUNTIME,
-    (
-        "test_compact_artifacts.py",
-        "test_nothing_is_bounded_or_shared_outside_an_export",
-    ): PENDING_RUNTIME,
     ("test_decoder_block.py", "test_training_model_is_the_cached_prefill"): PENDING_SAME,
     (
         "test_examples.py",
