@@ -111,7 +111,6 @@ ALLOWED = {
     ): PENDING_SAME,
     ("test_onnx_cse.py", "test_each_attention_layer_computes_its_rows_once"): PENDING_RUNTIME,
     ("test_onnx_pipeline.py", "test_exact_gelu_encoder_exports_and_matches_keras"): PENDING_RUNTIME,
-    ("test_onnx_rotary.py", "test_rewritten_export_matches_keras"): PENDING_RUNTIME,
     (
         "test_onnx_shapes.py",
         "test_blocks_of_one_length_share_their_rows_and_a_cropped_block_keeps_its_own",
