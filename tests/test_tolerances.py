@@ -61,7 +61,6 @@ ALLOWED = {
         "backends/test_attention_behaviour.py",
         "test_the_attention_layers_train_and_round_trip_through_a_keras_file",
     ): PENDING_SAME,
-    ("backends/test_behaviour.py", "test_sinusoidal_initializer_and_resize"): PENDING_FORMULA,
     (
         "backends/test_distribution.py",
         "test_distributed_training_equals_one_device",
@@ -69,10 +68,6 @@ ALLOWED = {
     ("sweep.py", "outcome"): PENDING_SAME,
     ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
     ("test_benchmark_report.py", "test_sign_test_matches_the_binomial_tails"): FLOAT64,
-    (
-        "test_benchmark_report.py",
-        "test_every_rotary_floor_form_rotates_like_the_reference",
-    ): PENDING_FORMULA,
     (
         "test_compact_artifacts.py",
         "test_the_stacked_saved_model_still_loads_with_tensorflow_alone_and_matches_keras",
@@ -104,7 +99,6 @@ ALLOWED = {
         "test_layer_contract.py",
         "test_mask_reaches_the_next_layer_of_a_functional_model",
     ): PENDING_SAME,
-    ("test_learned.py", "test_resize_interpolates_linearly"): PENDING_FORMULA,
     (
         "test_llama4_attention.py",
         "test_chunked_self_attention_on_a_slice_counts_chunks_from_its_start",
@@ -131,7 +125,7 @@ ALLOWED = {
     (
         "test_rope_scaling.py",
         "test_longrope_chooses_factors_by_total_length_not_chunk_length",
-    ): PENDING_FORMULA,
+    ): FLOAT64,
     (
         "test_rope_scaling.py",
         "test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph",
@@ -151,11 +145,11 @@ ALLOWED = {
     (
         "test_rope_scaling.py",
         "test_legacy_type_next_to_rope_type_is_accepted_when_they_agree",
-    ): PENDING_FORMULA,
+    ): FLOAT64,
     (
         "test_rope_scaling.py",
         "test_transformers5_rope_parameters_is_accepted_as_scaling",
-    ): PENDING_FORMULA,
+    ): FLOAT64,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
     ("test_rotary.py", "test_scores_depend_only_on_the_relative_position"): PENDING_SAME,
     (
