@@ -132,10 +132,6 @@ ALLOWED = {
     ): PENDING_FORMULA,
     (
         "test_rope_scaling.py",
-        "test_left_padded_batch_rotates_real_tokens_as_unpadded",
-    ): PENDING_SAME,
-    (
-        "test_rope_scaling.py",
         "test_rotary_attention_positions_from_mask_matches_unpadded",
     ): PENDING_SAME,
     (
@@ -152,18 +148,6 @@ ALLOWED = {
     ): FLOAT64,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
     ("test_rotary.py", "test_scores_depend_only_on_the_relative_position"): PENDING_SAME,
-    (
-        "test_rotary_attention_axes.py",
-        "test_multi_axis_cache_decodes_as_the_full_pass",
-    ): PENDING_SAME,
-    (
-        "test_rotary_attention_axes.py",
-        "test_padded_text_under_mrope_is_plain_rope_with_positions_from_mask",
-    ): PENDING_SAME,
-    (
-        "test_rotary_group_query_attention.py",
-        "test_the_weights_are_exactly_group_query_attentions",
-    ): PENDING_SAME,
     ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): TABLE,
     (
         "test_sinusoidal.py",
