@@ -66,7 +66,6 @@ ALLOWED = {
         "test_distributed_training_equals_one_device",
     ): PENDING_FORMULA,
     ("sweep.py", "outcome"): PENDING_SAME,
-    ("test_axes.py", "test_axial_scores_depend_only_on_the_offset_along_each_axis"): PENDING_SAME,
     ("test_benchmark_report.py", "test_sign_test_matches_the_binomial_tails"): FLOAT64,
     (
         "test_compact_artifacts.py",
@@ -147,7 +146,6 @@ ALLOWED = {
         "test_transformers5_rope_parameters_is_accepted_as_scaling",
     ): FLOAT64,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
-    ("test_rotary.py", "test_scores_depend_only_on_the_relative_position"): PENDING_SAME,
     ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): TABLE,
     (
         "test_sinusoidal.py",
