@@ -112,10 +112,6 @@ ALLOWED = {
         "test_query_key_norm.py",
         "test_each_kind_normalizes_queries_and_keys_as_its_formula",
     ): PENDING_FORMULA,
-    (
-        "test_query_key_norm.py",
-        "test_multi_head_attention_reads_and_computes_the_same_norms",
-    ): PENDING_SAME,
     ("test_rope_per_layer.py", "test_hunyuan_alpha_is_a_fixed_base"): FLOAT64,
     (
         "test_rope_scaling.py",
@@ -147,10 +143,6 @@ ALLOWED = {
     ): FLOAT64,
     ("test_rope_types_transformers.py", "_compare"): FLOAT64,
     ("test_sinusoidal.py", "test_position_zero_of_the_seed_example_is_0_1_0_1_0_1"): TABLE,
-    (
-        "test_sinusoidal.py",
-        "test_self_attention_is_permutation_equivariant_without_positions_and_not_with_them",
-    ): PENDING_SAME,
     ("test_sinusoidal.py", "test_bfloat16_encoding_is_within_2e_3_up_to_position_1e5"): HALF,
     ("test_sinusoidal.py", "test_tensor2tensor_spacing_is_whispers_table"): TABLE,
     (
