@@ -160,3 +160,37 @@ def attention_error(
     return context_error @ output + _gamma(heads * head_dim + 1, unit) * (
         (context + context_error) @ output + (0.0 if bias is None else np.abs(bias))
     )
+
+
+def keras_attention_error(layer, x, causal: bool, **call) -> np.ndarray:
+    """`attention_error` of a Keras `MultiHeadAttention` (or a rotary subclass) on `x`
+    (self-attention, equal head counts), with the probabilities of its float64 twin.
+
+    `call`: further arguments of the layer's call (positions, starts), given to the twin.
+    """
+    x = np.asarray(x, np.float64)
+    twin = type(layer).from_config({**layer.get_config(), "dtype": "float64"})
+    twin(x, x, **call)
+    twin.set_weights([np.asarray(w, np.float64) for w in layer.get_weights()])
+    _, weights = twin(x, x, use_causal_mask=causal, return_attention_scores=True, **call)
+    width, kernels = x.shape[-1], {}
+    for variable in layer.weights:
+        role, kind = variable.path.split("/")[-2:]
+        role = {"attention_output": "output"}.get(role, role)
+        value = np.asarray(variable, np.float64)
+        if kind == "bias":
+            kernels[f"{role}_bias"] = value.ravel()
+        else:
+            shape = (-1, width) if role == "output" else (width, -1)
+            kernels[role] = value.reshape(shape)
+    heads, head_dim = layer.get_config()["num_heads"], layer.get_config()["key_dim"]
+    return attention_error(
+        x,
+        kernels,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        weights=np.asarray(weights, np.float64),
+        causal=causal,
+    )

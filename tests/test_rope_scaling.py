@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from attention_error import keras_attention_error
 from float32_error import assert_within_bound, rotation_error
 
 from keras_posenc import RotaryEmbedding, RotaryMultiHeadAttention
@@ -279,6 +280,9 @@ def test_decoding_one_token_at_a_time_equals_the_full_causal_pass():
         out = attention(token_state, history, query_start_index=t)
         return out, rope(tf.reshape(token_state, (1, 1, 2, 16)), start_index=t)
 
+    # Each row of a step and of the full pass: within the bound of the same exact row.
+    bound = 2 * keras_attention_error(attention, states.numpy(), causal=True)
+    rope_bound = 2 * rotation_error(tf.reshape(states, (1, 12, 2, 16)).numpy())
     for t in range(12):
         token_state = states[:, t : t + 1]
         eager, eager_rope = (
@@ -287,8 +291,9 @@ def test_decoding_one_token_at_a_time_equals_the_full_causal_pass():
         )
         compiled, compiled_rope = step(token_state, states[:, : t + 1], tf.constant(t))
         for got, got_rope in ((eager, eager_rope), (compiled.numpy(), compiled_rope.numpy())):
-            assert np.abs(got - full[:, t : t + 1]).max() <= 1e-5, t
-            assert np.abs(got_rope - full_rope[:, t : t + 1]).max() <= 1e-6, t
+            row = slice(t, t + 1)
+            assert_within_bound(got, full[:, row], bound[:, row], what=f"attention at {t}")
+            assert_within_bound(got_rope, full_rope[:, row], rope_bound[:, row], what=f"RoPE {t}")
 
 
 @pytest.mark.parametrize(

@@ -131,10 +131,6 @@ ALLOWED = {
     ): PENDING_SAME,
     (
         "test_rope_scaling.py",
-        "test_decoding_one_token_at_a_time_equals_the_full_causal_pass",
-    ): PENDING_FORMULA,
-    (
-        "test_rope_scaling.py",
         "test_legacy_type_next_to_rope_type_is_accepted_when_they_agree",
     ): FLOAT64,
     (
