@@ -95,10 +95,6 @@ ALLOWED = {
     ("test_frequencies.py", "test_wavelengths_are_two_pi_times_base_to_the_2k_over_d"): FLOAT64,
     ("test_keras_hub_gpt_oss.py", "test_yarn_tables_are_numpy_float64"): TABLE,
     (
-        "test_layer_contract.py",
-        "test_mask_reaches_the_next_layer_of_a_functional_model",
-    ): PENDING_SAME,
-    (
         "test_llama4_attention.py",
         "test_chunked_self_attention_on_a_slice_counts_chunks_from_its_start",
     ): PENDING_SAME,
