@@ -111,16 +111,8 @@ ALLOWED = {
     ("test_rope_per_layer.py", "test_hunyuan_alpha_is_a_fixed_base"): FLOAT64,
     (
         "test_rope_scaling.py",
-        "test_inverse_frequencies_and_outputs_match_the_definitions",
-    ): PENDING_FORMULA,
-    (
-        "test_rope_scaling.py",
         "test_longrope_chooses_factors_by_total_length_not_chunk_length",
     ): FLOAT64,
-    (
-        "test_rope_scaling.py",
-        "test_dynamic_ntk_grows_the_base_with_the_total_length_in_the_graph",
-    ): PENDING_FORMULA,
     (
         "test_rope_scaling.py",
         "test_rotary_attention_positions_from_mask_matches_unpadded",
