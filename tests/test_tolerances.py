@@ -56,7 +56,6 @@ ALLOWED = {
         "backends/test_attention_behaviour.py",
         "test_attention_temperature_is_llama4s_formula",
     ): PENDING_FORMULA,
-    ("backends/test_attention_behaviour.py", "test_dropout_applies_in_training_only"): PENDING_SAME,
     (
         "backends/test_attention_behaviour.py",
         "test_the_attention_layers_train_and_round_trip_through_a_keras_file",
