@@ -24,8 +24,9 @@ def attention_error(
     table_error: float = TABLE_ERROR,
     query_factor=None,
     unit: float = U,
+    causal: bool = True,
 ) -> np.ndarray:
-    """The most a float32 evaluation of causal rotary attention can be off, per output.
+    """The most a float32 evaluation of (causal) rotary attention can be off, per output.
 
     The computation: `q, k, v = x W + b` (queries with a sigmoid gate beside them when
     `gate`), RoPE on `q, k` and optionally a norm of each (before or after RoPE), scores
@@ -54,6 +55,7 @@ def attention_error(
         query_factor: optional float64 `(T,)` factors of the queries (an attention
             temperature), applied after RoPE and norms, each rounded once.
         unit: the unit roundoff (`U`; `2.0**-53` bounds a float64 evaluation).
+        causal: whether each query sees only its own and earlier keys (else every key).
 
     Returns:
         float64 `(batch, T, out)`: bound on `|float32 output - exact output|`.
@@ -114,11 +116,12 @@ def attention_error(
         + np.einsum("bth,bsh->bhts", q_size, k_error)
         + np.einsum("bth,bsh->bhts", q_error, k_error)
     )
-    causal = np.tril(np.ones((length, length), bool))
+    visible = np.ones((length, length), bool)
+    visible = np.tril(visible) if causal else visible
     largest = scale * np.einsum("bth,bsh->bhts", q_mag, k_mag)
-    delta = np.where(causal, scale * dot, 0.0).max(-1)
-    delta = delta + 3 * unit * np.where(causal, largest, 0.0).max(-1)  # (batch, heads, T)
-    seen = np.arange(1, length + 1)
+    delta = np.where(visible, scale * dot, 0.0).max(-1)
+    delta = delta + 3 * unit * np.where(visible, largest, 0.0).max(-1)  # (batch, heads, T)
+    seen = visible.sum(-1)
     exp_unit = EXP_ULPS * unit
     spread_p = (
         np.exp(2 * delta)
@@ -156,4 +159,38 @@ def attention_error(
     bias = kernels.get("output_bias")
     return context_error @ output + _gamma(heads * head_dim + 1, unit) * (
         (context + context_error) @ output + (0.0 if bias is None else np.abs(bias))
+    )
+
+
+def keras_attention_error(layer, x, causal: bool, **call) -> np.ndarray:
+    """`attention_error` of a Keras `MultiHeadAttention` (or a rotary subclass) on `x`
+    (self-attention, equal head counts), with the probabilities of its float64 twin.
+
+    `call`: further arguments of the layer's call (positions, starts), given to the twin.
+    """
+    x = np.asarray(x, np.float64)
+    twin = type(layer).from_config({**layer.get_config(), "dtype": "float64"})
+    twin(x, x, **call)
+    twin.set_weights([np.asarray(w, np.float64) for w in layer.get_weights()])
+    _, weights = twin(x, x, use_causal_mask=causal, return_attention_scores=True, **call)
+    width, kernels = x.shape[-1], {}
+    for variable in layer.weights:
+        role, kind = variable.path.split("/")[-2:]
+        role = {"attention_output": "output"}.get(role, role)
+        value = np.asarray(variable, np.float64)
+        if kind == "bias":
+            kernels[f"{role}_bias"] = value.ravel()
+        else:
+            shape = (-1, width) if role == "output" else (width, -1)
+            kernels[role] = value.reshape(shape)
+    heads, head_dim = layer.get_config()["num_heads"], layer.get_config()["key_dim"]
+    return attention_error(
+        x,
+        kernels,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        weights=np.asarray(weights, np.float64),
+        causal=causal,
     )

@@ -323,3 +323,17 @@ def table_dot_error(width: int, table_error: float = TABLE_ERROR, magnitude: flo
     products, then `γ_width` of `Σ|a||b|`."""
     carried = width * (2 * table_error * magnitude + table_error**2)
     return carried + gamma(width) * width * (magnitude + table_error) ** 2
+
+
+def score_and_bound(query, key, rotated_query, rotated_key) -> tuple[np.ndarray, np.ndarray]:
+    """`Σ q k` of two float32 RoPE outputs and its bound from the exact rotations' score:
+    each rotation within `rotation_error`, so `Σ (e_q |k| + |q| e_k + e_q e_k)` (`q`, `k`
+    the float32 rotations: `q_32 k_32 - q k = e_q k_32 + q_32 e_k - e_q e_k`).
+
+    `query`, `key`: the inputs (heads on the last axis); `rotated_*`: the float32 outputs.
+    """
+    query_error, key_error = rotation_error(query), rotation_error(key)
+    value = np.sum(rotated_query * rotated_key, axis=-1)
+    carried = query_error * np.abs(rotated_key) + np.abs(rotated_query) * key_error
+    float64 = 2.0**-40 * np.sum(np.abs(rotated_query * rotated_key), axis=-1)  # its own sum
+    return value, np.sum(carried + query_error * key_error, axis=-1) + float64

@@ -19,6 +19,7 @@ from float32_error import (
     assert_within_bound,
     position_sum_error,
     rotation_error,
+    score_and_bound,
     torch_table_error,
 )
 
@@ -247,12 +248,14 @@ def test_axial_scores_depend_only_on_the_offset_along_each_axis():
     q, k = (rng.normal(size=(1, 1, 1, 16)).astype(np.float32) for _ in range(2))
 
     def score(query_at, key_at):
-        rq = layer(q, positions=np.array([query_at]))
-        rk = layer(k, positions=np.array([key_at]))
-        return float(np.sum(rq * rk))
+        rq = np.asarray(layer(q, positions=np.array([query_at])), np.float64)
+        rk = np.asarray(layer(k, positions=np.array([key_at])), np.float64)
+        return score_and_bound(q, k, rq, rk)
 
-    assert score([3, 5], [1, 2]) == pytest.approx(score([13, 105], [11, 102]), abs=1e-5)
-    assert score([3, 5], [1, 2]) != pytest.approx(score([3, 5], [2, 1]), abs=1e-3)
+    (a, a_bound), (b, b_bound) = score([3, 5], [1, 2]), score([13, 105], [11, 102])
+    assert_within_bound(a, b, a_bound + b_bound, what="shifted along both axes")
+    (c, c_bound) = score([3, 5], [2, 1])
+    assert (np.abs(a - c) > 10 * (a_bound + c_bound)).all()  # the axes' offsets swapped
 
 
 @pytest.mark.parametrize(

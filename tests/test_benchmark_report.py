@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
+from float32_error import assert_within_bound, rotation_error
 
 from benchmarks.candidates import Case, compiled, rotary_forms
 from benchmarks.report import _ratio, misses, sign_test, write_whole
@@ -37,7 +38,7 @@ def test_every_rotary_floor_form_rotates_like_the_reference(mode, shape):
     assert set(forms) == {"roll", "concat", "reverse", "gather", "halves"}
     for name, body in forms.items():
         out = compiled(body, case, tf.constant(x))().numpy()
-        np.testing.assert_allclose(out, expected, atol=2e-7, err_msg=name)
+        assert_within_bound(out, expected, rotation_error(x), what=name)
 
 
 def _row(ours_ms, floor_ms, hub_ms, mode="xla", past_cache=False, error=1e-8):

@@ -15,8 +15,10 @@ import keras
 import numpy as np
 import onnx
 import pytest
+import reference
 import runtimes
 import tensorflow as tf
+from float32_error import assert_within_bound, position_sum_error, rotation_error
 from onnx import numpy_helper
 from tensorflow.core.protobuf import saved_model_pb2
 
@@ -334,10 +336,31 @@ def test_a_bounded_export_matches_keras_up_to_the_bound(bounded):
     # The last run below the bound, from a start and as positions; and the first rows.
     for feeds in (_feeds(BOUND - 3, [BOUND - 1, 0, BOUND - 2]), _feeds(0, [0, 1, 2])):
         expected = _reference(model, feeds)
-        for runtime, run in _runners(paths).items():
-            outputs = run(feeds)
-            for name, value in expected.items():
-                np.testing.assert_allclose(outputs[name], value, atol=1e-5, err_msg=runtime)
+        exact, bounds = _formulas(feeds)
+        for runtime, outputs in [("keras", expected)] + [
+            (runtime, run(feeds)) for runtime, run in _runners(paths).items()
+        ]:
+            for name, value in exact.items():
+                what = f"{runtime} {name}"
+                assert_within_bound(outputs[name], value, bounds[name], what=what)
+                # and each file within two float32 bounds of Keras's own numbers
+                twice = 2 * bounds[name]
+                assert_within_bound(outputs[name], expected[name], twice, what=what)
+
+
+def _formulas(feeds: dict) -> tuple[dict, dict]:
+    """The float64 formulas of `start_and_positions_model`'s outputs, and their float32
+    bounds (a sum with a table row, a RoPE)."""
+    x, heads = feeds["x"], feeds["heads"]
+    start = int(feeds["start_index"])
+    run = np.arange(start, start + x.shape[1])
+    exact, bounds = {}, {}
+    for kind, positions in (("start", run), ("positions", feeds["positions"])):
+        exact[f"sinusoidal_{kind}"] = x + reference.sinusoidal(positions, x.shape[-1])
+        exact[f"rotary_{kind}"] = reference.rotary(heads, positions)
+        bounds[f"sinusoidal_{kind}"] = position_sum_error(x)
+        bounds[f"rotary_{kind}"] = rotation_error(heads)
+    return exact, bounds
 
 
 @pytest.mark.parametrize(
@@ -410,4 +433,8 @@ def test_nothing_is_bounded_or_shared_outside_an_export():
     x = tf.zeros((1, 5000, 8))
     traced = tf.function(lambda x: layer(x, start_index=tf.constant(3)))(x)
     # Past the bound of the interrupted export, and through the split tables: no bound left.
-    np.testing.assert_allclose(traced.numpy(), layer(x, start_index=3).numpy(), atol=1e-6)
+    # Zero inputs: the outputs are the rows, each within the float32 bound of the formula.
+    exact = reference.sinusoidal(np.arange(3, 5003), 8)[None]
+    bound = position_sum_error(x.numpy())
+    assert_within_bound(traced.numpy(), exact, bound, what="traced")
+    assert_within_bound(layer(x, start_index=3).numpy(), exact, bound, what="eager")

@@ -3,7 +3,9 @@
 The step model takes token ids, the cache `(batch, 2, max_length, kv_heads, head_dim)`,
 `cache_update_index` and optionally a padding mask over the cache's slots, and returns
 logits and the updated cache. onnxruntime, fed its own cache back for 64 steps after a
-prefill, must pick the tokens Keras picks, with logits within 1e-5.
+prefill, must pick the tokens Keras picks, with logits within the package's own decoder
+tolerance `1e-5 + 1e-4·rms(row)` (`keras_posenc/export/decoder/check.py`: optimum's and
+transformers' ONNX validation, relative to the row's RMS).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from float32_error import assert_within_bound
 
 from keras_posenc import RotaryGroupQueryAttention
 from keras_posenc.export import save_onnx, save_saved_model, verify_export
+from keras_posenc.export.decoder.check import bound as logit_bound
 from keras_posenc.export.verify.runtimes import onnx_session
 
 VOCABULARY, WIDTH, HEAD_DIM, QUERY_HEADS, KV_HEADS = 32, 32, 8, 4, 2
@@ -148,7 +152,7 @@ def test_exported_decode_step_verifies_and_generates_like_keras(tmp_path, padded
     keras_tokens, keras_logits = greedy(keras_step, prompts, mask, padded)
     onnx_tokens, onnx_logits = greedy(onnx_step, prompts, mask, padded)
     np.testing.assert_array_equal(onnx_tokens, keras_tokens)
-    np.testing.assert_allclose(onnx_logits, keras_logits, rtol=0, atol=1e-5)
+    assert_within_bound(onnx_logits, keras_logits, logit_bound(keras_logits), what="onnx")
     assert len(np.unique(keras_tokens)) > 3  # not a constant answer
 
     if padded:
@@ -157,4 +161,5 @@ def test_exported_decode_step_verifies_and_generates_like_keras(tmp_path, padded
             alone = prompts[row : row + 1, mask[row].astype(bool)]
             tokens, logits = greedy(onnx_step, alone, np.ones_like(alone), padded)
             np.testing.assert_array_equal(tokens[0], onnx_tokens[row])
-            np.testing.assert_allclose(logits[0], onnx_logits[row], rtol=0, atol=1e-5)
+            bound = logit_bound(onnx_logits[row])
+            assert_within_bound(logits[0], onnx_logits[row], bound, what=f"row {row} alone")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
-from float32_error import TABLE_ERROR, U
+from float32_error import TABLE_ERROR, U, assert_within_bound, score_and_bound
 from hypothesis import given
 from hypothesis import strategies as st
 from position_kinds import POSITION_KINDS
@@ -140,14 +140,18 @@ def test_scores_depend_only_on_the_relative_position(layout):
     query, key = _uniform((1, 1, 2, 32), seed=1), _uniform((1, 1, 2, 32), seed=2)
 
     def score(i, j):
+        """The score (summed in float64) and how far the float32 rotations can move it."""
         rotated_query = layer(query, positions=[i]).numpy().astype(np.float64)
         rotated_key = layer(key, positions=[j]).numpy().astype(np.float64)
-        return np.sum(rotated_query * rotated_key, axis=-1)
+        return score_and_bound(query, key, rotated_query, rotated_key)
 
     for i, j in [(3, 7), (7, 3), (100, 100), (5000, 4000)]:
         for shift in [1, 10, 4096, 99991, 2**23]:
-            np.testing.assert_allclose(score(i + shift, j + shift), score(i, j), rtol=0, atol=1e-5)
-    assert np.abs(score(3, 7) - score(3, 8)).max() > 1e-3
+            (shifted, shifted_bound), (value, bound) = score(i + shift, j + shift), score(i, j)
+            # Both within their bounds of the same exact score.
+            assert_within_bound(shifted, value, shifted_bound + bound, what=f"{i}, {j} + {shift}")
+    (a, a_bound), (b, b_bound) = score(3, 7), score(3, 8)
+    assert (np.abs(a - b) > 10 * (a_bound + b_bound)).all()
 
 
 @given(

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 import reference
 import tensorflow as tf
-from float32_error import Bounded, assert_within, table
+from float32_error import (
+    Bounded,
+    assert_within,
+    assert_within_bound,
+    linear_error,
+    rotation_error,
+    table,
+)
 
 from keras_posenc import RotaryEmbedding, RotaryGroupQueryAttention, RotaryMultiHeadAttention
 from keras_posenc import export as kpe
@@ -149,7 +156,14 @@ def test_multi_axis_cache_decodes_as_the_full_pass(kind, rope):
     assert_within(np.concatenate(outputs, 1), expected)
     by_hand = RotaryEmbedding(**{k[len("rope_") :]: v for k, v in ROPES[rope][0].items()})
     keys = by_hand(layer._key_dense(x), positions=positions)
-    np.testing.assert_allclose(cache.numpy()[:, 0, :6], keys, rtol=1e-6, atol=1e-6)
+    # The cache's keys (projected in a trace, 4 rows then 1) and these (eager, 6 rows): each
+    # a float32 Dense (`linear_error`), then RoPE of it (`rotation_error` of the rounded
+    # keys, and each output of a pair carries at most twice the head's largest input error).
+    kernel, bias = (np.asarray(w, np.float64) for w in layer._key_dense.weights)
+    projected = np.einsum("btw,whd->bthd", x, kernel) + bias
+    error = linear_error(x, kernel.reshape(WIDTH, -1), bias.ravel()).reshape(projected.shape)
+    bound = rotation_error(np.abs(projected) + error) + 2 * error.max(-1, keepdims=True)
+    assert_within_bound(cache.numpy()[:, 0, :6], np.asarray(keys), 2 * bound, what="cached keys")
     assert not cache.numpy()[:, :, 6:].any()
 
 
@@ -165,11 +179,10 @@ def test_padded_text_under_mrope_is_plain_rope_with_positions_from_mask():
     mrope(x, x)
     plain(x, x)
     plain.set_weights(mrope.get_weights())
-    np.testing.assert_allclose(
+    # Equal coordinates give M-RoPE the 1D tables' own rows: the same float32 numbers.
+    np.testing.assert_array_equal(
         mrope(x, x, query_mask=mask, use_causal_mask=True),
         plain(x, x, query_mask=mask, use_causal_mask=True),
-        rtol=1e-6,
-        atol=1e-6,
     )
     cache = np.zeros((2, 2, MAX_LENGTH, 2, HEAD_DIM), np.float32)
     cache_mask = np.concatenate([mask, np.ones((2, MAX_LENGTH - 5), bool)], 1)
@@ -177,8 +190,8 @@ def test_padded_text_under_mrope_is_plain_rope_with_positions_from_mask():
     (got, got_cache), (want, want_cache) = (
         layer(x, x, cache=cache, **call) for layer in (mrope, plain)
     )
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(got_cache, want_cache, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_cache, want_cache)
 
 
 def test_axial_rope_with_a_cache_and_no_positions_is_an_error_naming_them():

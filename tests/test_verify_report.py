@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import reference
+from float32_error import U, assert_within_bound
 
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc.export.verify import report
@@ -44,7 +45,9 @@ def test_stored_arrays_are_the_rows_of_the_formula_below_the_bound():
     (table,) = layer.position_tables()
     arrays = table.stored_arrays(5)
     assert list(arrays) == ["cached_0"]
-    np.testing.assert_allclose(arrays["cached_0"], reference.sinusoidal(np.arange(5), WIDTH), 1e-7)
+    # The formula rounded once to float32: within u of each entry (a whole ulp off fails).
+    exact = reference.sinusoidal(np.arange(5), WIDTH)
+    assert_within_bound(arrays["cached_0"], exact, U * np.abs(exact), what="cached_0")
     unbounded = table.stored_arrays()
     assert {name: a.shape for name, a in unbounded.items()} == {
         "cached_0": (CACHE, WIDTH),
@@ -54,7 +57,8 @@ def test_stored_arrays_are_the_rows_of_the_formula_below_the_bound():
         "coarse_cos": (CACHE, WIDTH // 2),
     }
     coarse = reference.angles(np.arange(3) * CACHE, WIDTH)
-    np.testing.assert_allclose(unbounded["coarse_sin"][:3], np.sin(coarse), atol=1e-7)
+    exact = np.sin(coarse)
+    assert_within_bound(unbounded["coarse_sin"][:3], exact, U * np.abs(exact), what="coarse_sin")
     assert table.stored_arrays(CACHE + 1)["coarse_cos"].shape == (2, WIDTH // 2)
 
 

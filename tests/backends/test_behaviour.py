@@ -228,13 +228,16 @@ def test_saved_and_loaded_as_keras_file(tmp_path):
 
 def test_sinusoidal_initializer_and_resize():
     import reference
+    from float32_error import U, assert_within_bound
 
     layer = kp.LearnedPositionalEmbedding(8, embeddings_initializer="sinusoidal")
     zeros = np.zeros((1, 8, 16), np.float32)
     table = keras.ops.convert_to_numpy(layer(zeros))[0]
-    np.testing.assert_allclose(table, reference.sinusoidal(np.arange(8), 16), rtol=0, atol=6e-8)
+    # The formula rounded once to float32 (a float64 sin's error far below): u of each entry.
+    exact = reference.sinusoidal(np.arange(8), 16)
+    assert_within_bound(table, exact, U * np.abs(exact) + 2.0**-50, what="initial rows")
     layer.resize(15)
     resized = keras.ops.convert_to_numpy(layer(np.zeros((1, 15, 16), np.float32)))[0]
     expected = reference.linear_resize(table, 15)
-    # Interpolated in float64 and rounded once to float32: half an ulp of values up to 1.
-    np.testing.assert_allclose(resized, expected, rtol=0, atol=6e-8)
+    # Interpolated in float64 and rounded once to float32: u of each entry.
+    assert_within_bound(resized, expected, U * np.abs(expected) + 2.0**-50, what="resized")
