@@ -252,3 +252,21 @@ def assert_greedy_is_generate(causal_lm, steps: int = 20) -> None:
     generated = keras.ops.convert_to_numpy(out["token_ids"])
     for row, length in enumerate(mask.sum(axis=1)):
         np.testing.assert_array_equal(generated[row, length : length + steps + 1], tokens[row])
+
+
+def og_greedy_text(causal_lm, folder, prompt: str, max_length: int) -> str:
+    """The text onnxruntime-genai generates greedily from `folder` after `prompt`, with
+    the start token of `causal_lm`'s preprocessor (og's `encode` adds none, keras_hub's
+    preprocessor does)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    og_tokenizer = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=max_length)
+    generator = og.Generator(model, params)
+    start = causal_lm.preprocessor.tokenizer.start_token_id
+    generator.append_tokens(np.array([[start, *og_tokenizer.encode(prompt)]], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return og_tokenizer.decode(generator.get_sequence(0))

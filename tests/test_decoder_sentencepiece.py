@@ -13,7 +13,7 @@ import json
 import keras_hub
 import numpy as np
 import pytest
-from keras_hub_models import redraw
+from keras_hub_models import og_greedy_text, redraw
 from tiny_sentencepiece import (
     GEMMA,
     LLAMA,
@@ -124,17 +124,7 @@ def test_og_generator_writes_keras_hub_generate_text(exported, prompt):
     causal_lm.compile(sampler="greedy")
     expected = causal_lm.generate(prompt, max_length=32)
     assert len(expected) > len(prompt) + 5  # generated text, not only the prompt
-    model = og.Model(str(folder))
-    og_tokenizer = og.Tokenizer(model)
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=32)
-    generator = og.Generator(model, params)
-    # og's encode adds no start token; keras_hub's preprocessor does.
-    start = causal_lm.preprocessor.tokenizer.start_token_id
-    generator.append_tokens(np.array([[start, *og_tokenizer.encode(prompt)]], np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    assert og_tokenizer.decode(generator.get_sequence(0)) == expected
+    assert og_greedy_text(causal_lm, folder, prompt, max_length=32) == expected
 
 
 def _train(**options) -> bytes:
