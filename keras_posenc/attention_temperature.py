@@ -96,7 +96,7 @@ def attention_temperature(config: Any) -> AttentionTemperature | None:
     >>> attention_temperature({"model_type": "llama4_text", "floor_scale": 4096}).floor_scale
     4096
     """
-    from keras_posenc.transformers_config import _as_dict, _language_config
+    from keras_posenc.configs.arguments import _as_dict, _language_config
 
     text = _language_config(_as_dict(config))
     if text.get("model_type") != "llama4_text":

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_posenc.configs.arguments import _as_dict, _family, _language_config
+from keras_posenc.configs.schedules import layer_types, positionless_layers
 from keras_posenc.rotary import RotaryEmbedding
-from keras_posenc.transformers_config import _as_dict, _family, _language_config
-from keras_posenc.transformers_schedules import layer_types, positionless_layers
 
 
 def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:
@@ -20,7 +20,7 @@ def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:
 
     Args:
         config: a transformers config or its dict (`config.json` of transformers 4 or 5,
-            or `to_dict()`); the families of `keras_posenc.transformers_config.FAMILIES`.
+            or `to_dict()`); the families of `keras_posenc.configs.arguments.FAMILIES`.
         **overrides: further `RotaryEmbedding` arguments for every layer (`sequence_axis`,
             `positions_from_mask`, ...).
 

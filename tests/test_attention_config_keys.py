@@ -22,8 +22,8 @@ from attention_parity import (
 )
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
-from keras_posenc.transformers_attention_keys import _BIAS
-from keras_posenc.transformers_config import FAMILIES, attention_arguments
+from keras_posenc.configs.arguments import FAMILIES, attention_arguments
+from keras_posenc.configs.attention import _BIAS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

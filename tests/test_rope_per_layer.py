@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from keras_posenc import RotaryEmbedding, rope_per_layer
-from keras_posenc.transformers_config import _head_dim, attention_arguments, rotary_arguments
+from keras_posenc.configs.arguments import _head_dim, attention_arguments, rotary_arguments
 
 SIZES = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
 

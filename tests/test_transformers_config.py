@@ -17,9 +17,9 @@ from keras_posenc import (
     RotaryEmbedding,
     RotaryGroupQueryAttention,
     RotaryMultiHeadAttention,
-    transformers_config,
 )
-from keras_posenc.transformers_config import attention_arguments, rotary_arguments
+from keras_posenc.configs import arguments as arguments_module
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
 
 LONG_48 = [1.0 + 0.25 * k for k in range(48)]
 SHORT_48 = [1.0 + 0.01 * k for k in range(48)]
@@ -441,7 +441,7 @@ def test_attention_arguments():
 
 
 def test_docstring_examples_run():
-    results = doctest.testmod(transformers_config, optionflags=doctest.NORMALIZE_WHITESPACE)
+    results = doctest.testmod(arguments_module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert results.attempted > 0 and results.failed == 0
 
 

@@ -18,9 +18,9 @@ from float32_error import assert_within_bound, rotation_error, torch_table_error
 from test_transformers_parity_2026 import CASES, LENGTH, SIZES, LayerCapture, _described, _numpy
 
 from keras_posenc import rope_per_layer
-from keras_posenc.transformers_config import attention_arguments, rotary_arguments
-from keras_posenc.transformers_families import COMPOSITE_5, FAMILIES
-from keras_posenc.transformers_norms import NORMS
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
+from keras_posenc.configs.families import COMPOSITE_5, FAMILIES
+from keras_posenc.configs.norms import NORMS
 
 _ROPE_KEYS = (
     "rope_scaling",

@@ -15,17 +15,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from keras_posenc.rope_scaling import rope_parameters
-from keras_posenc.scaling_keys import short_repr
-from keras_posenc.transformers_attention_keys import attention_settings
-from keras_posenc.transformers_axial import axial_arguments, is_axial
-from keras_posenc.transformers_entries import (
-    entry_arguments,
-    mrope_arguments,
-    rope_entries,
-    whole_head_factor,
-)
-from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exported
+from keras_posenc.configs.attention import attention_settings
+from keras_posenc.configs.axial import axial_arguments, is_axial
+from keras_posenc.configs.families import (  # noqa: F401  FAMILIES: re-exported
     COMPOSITE,
     COMPOSITE_5,
     FAMILIES,
@@ -35,8 +27,16 @@ from keras_posenc.transformers_families import (  # noqa: F401  FAMILIES: re-exp
     SLIDING,
     Family,
 )
-from keras_posenc.transformers_norms import query_key_norm_arguments
-from keras_posenc.transformers_schedules import layer_attention, layer_types, positionless_types
+from keras_posenc.configs.norms import query_key_norm_arguments
+from keras_posenc.configs.rope_entries import (
+    entry_arguments,
+    mrope_arguments,
+    rope_entries,
+    whole_head_factor,
+)
+from keras_posenc.configs.schedules import layer_attention, layer_types, positionless_types
+from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.scaling_keys import short_repr
 
 _ROPE_KEY = re.compile("rope|rotary")
 _EARLY_CHECK_DIM = 2**14
@@ -84,7 +84,7 @@ def _family(config: dict, layout: str | None) -> tuple[str, Family]:
     if layout is None:
         raise ValueError(
             f"config['model_type']={short_repr(model_type)} is not a family this reader knows "
-            "(keras_posenc.transformers_config.FAMILIES); pass layout='half' or 'interleaved' "
+            "(keras_posenc.configs.arguments.FAMILIES); pass layout='half' or 'interleaved' "
             "(the pairing of its apply_rotary_pos_emb) to read it as a Llama-style config."
         )
     return str(model_type), Family(layout=layout)
@@ -339,11 +339,11 @@ def attention_arguments(
         `chunked_attention` layers) and `query_temperature` (its NoPE layers, with
         `attn_temperature_tuning`), as `Llama4TextAttention` does. A family whose attention
         normalizes its queries and keys (Qwen3, OLMo 2 and 3, Gemma 3, EXAONE 4, Llama 4's
-        `use_qk_norm`, ...: `transformers_norms.NORMS`) adds `query_key_norm` and
+        `use_qk_norm`, ...: `configs.norms.NORMS`) adds `query_key_norm` and
         `query_key_norm_epsilon`; one whose norm these layers lack (Gemma 4's value norm,
         Cohere's / Phi's / StableLM's LayerNorms) is an error. `use_bias`, and where the
         config sets them `sliding_window`, `use_gate` (Qwen3-Next, Qwen3.5) and `dropout`,
-        come from `transformers_attention_keys.attention_settings`, which refuses what these
+        come from `configs.attention.attention_settings`, which refuses what these
         layers do not compute (Gemma 2's soft-capping, a `query_pre_attn_scalar` other than
         `head_dim`, GPT-OSS's sinks, ...).
 

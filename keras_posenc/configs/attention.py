@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 
+from keras_posenc.configs.families import FULL, SLIDING
+from keras_posenc.configs.schedules import layer_count, layer_types
 from keras_posenc.scaling_keys import short_repr
-from keras_posenc.transformers_families import FULL, SLIDING
-from keras_posenc.transformers_schedules import layer_count, layer_types
 
 # Biases: `model_type -> {config key: its config-class default}` (any true: biases), or a
 # constant where the module hard-codes them. `use_bias=True` gives all four projections a
@@ -108,7 +108,7 @@ def _use_bias(config: dict, model_type: str) -> bool:
 
 
 def _default_types(config: dict, model_type: str, count: int | None) -> list[str] | None:
-    """The config class's layer types where `transformers_schedules` has none (windows only)."""
+    """The config class's layer types where `schedules` has none (windows only)."""
     if config.get("layer_types") is not None or count is None:
         return layer_types(config, model_type)
     window = _window_value(config, model_type)
@@ -251,7 +251,7 @@ def attention_settings(
 
     Args:
         config: the language model's config dict.
-        model_type: its `model_type` (a key of `transformers_families.FAMILIES`).
+        model_type: its `model_type` (a key of `configs.families.FAMILIES`).
         layer_type, index: the layer's type and decoder index (either may be None).
         head_dim: the layer's head size.
 

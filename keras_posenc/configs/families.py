@@ -1,4 +1,4 @@
-"""The transformers model families `transformers_config` reads, and how each reads RoPE.
+"""The transformers model families `configs.arguments` reads, and how each reads RoPE.
 
 Layouts are those of each family's `apply_rotary_pos_emb` / `rotate_half` in transformers 5;
 defaults are those of its config class (both checked against transformers by

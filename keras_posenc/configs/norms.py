@@ -88,7 +88,7 @@ def query_key_norm_arguments(config: dict, model_type: str, nope: bool) -> dict:
 
     Args:
         config: the language model's config dict.
-        model_type: its `model_type` (a key of `transformers_families.FAMILIES`).
+        model_type: its `model_type` (a key of `configs.families.FAMILIES`).
         nope: whether the layer uses no RoPE.
 
     Raises:

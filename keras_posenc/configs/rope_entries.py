@@ -11,8 +11,8 @@ import copy
 from collections.abc import Mapping
 
 from keras_posenc.axes import checked_mrope_section
+from keras_posenc.configs.families import Family
 from keras_posenc.scaling_keys import checked_scaling, short_repr
-from keras_posenc.transformers_families import Family
 
 
 def is_nested(parameters: Mapping) -> bool:

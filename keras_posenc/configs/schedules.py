@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from keras_posenc.configs.families import FULL, SLIDING, Family
 from keras_posenc.scaling_keys import short_repr
-from keras_posenc.transformers_families import FULL, SLIDING, Family
 
 
 def _every(interval: int, other: str, each: str) -> Callable[[int], str]:
