@@ -24,7 +24,6 @@ from attention_parity import (
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
 from keras_posenc.configs.arguments import attention_arguments
 from keras_posenc.configs.families import FAMILIES
-from keras_posenc.configs.family import Family
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -209,15 +208,6 @@ def test_neutral_values_read(config, index, expected):
         assert arguments.get(key) == expected.get(key), key
     if config["model_type"] != "seed_oss":
         assert arguments["use_bias"] == expected["use_bias"]
-
-
-def test_every_family_has_a_bias_rule_and_an_unknown_family_is_named():
-    # The bias rule is the one field of a family's record without a default.
-    with pytest.raises(TypeError, match="'bias'"):
-        Family(layout="half")
-    assert all(isinstance(family.bias, (bool, dict)) for family in FAMILIES.values())
-    with pytest.raises(ValueError, match="'my_llama' is not a family.*configs.families.FAMILIES"):
-        attention_arguments({"model_type": "my_llama", **SIZES})
 
 
 def _read(config, index):

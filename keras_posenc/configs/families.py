@@ -52,6 +52,14 @@ _GEMMA_NORM = Norm("gemma_rms_per_head")
 # Olmo2RMSNorm(num_heads * head_dim) on the projection, before the heads are split.
 _ACROSS_HEADS = Norm("rms_across_heads", epsilon=1e-5)
 _PER_HEAD_5 = Norm("rms_per_head", epsilon=1e-5)
+_LFM2 = {
+    "theta": 1e6,
+    "positionless": ("conv",),
+    "bias": False,
+    "dropout": None,
+    "norm": Norm("rms_per_head", "norm_eps", 1e-5),
+    **_WHOLE,
+}
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(**_NO_BIAS, **_WHOLE),
@@ -210,6 +218,7 @@ FAMILIES.update(
             head_dim=128,
             layer_types=llama4_types,
             no_rope="no_rope_layers",
+            empty_no_rope_layers=True,
             **_NO_BIAS,
             # Llama4TextL2Norm(rms_norm_eps) after RoPE, on the RoPE layers only.
             norm=Norm(
@@ -339,18 +348,9 @@ FAMILIES.update(
             bias=False,
             norm=Norm("rms_across_heads"),
         ),
-        **{
-            name: Family(
-                theta=1e6,
-                layer_types=lfm2_types if name == "lfm2" else None,
-                positionless=("conv",),
-                bias=False,
-                dropout=None,
-                norm=Norm("rms_per_head", "norm_eps", 1e-5),
-                **_WHOLE,
-            )
-            for name in ("lfm2", "lfm2_moe")
-        },
+        # LFM2: attention layers and convolutions (Lfm2MoeConfig makes no layer_types).
+        "lfm2": Family(layer_types=lfm2_types, **_LFM2),
+        "lfm2_moe": Family(**_LFM2),
     }
 )
 # Families whose RoPE these layers cannot describe, with the reason.

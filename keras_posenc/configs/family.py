@@ -114,6 +114,8 @@ class Family:
         no_rope: how its NoPE layers are chosen: `"no_rope_layers"` (a 0/1 list per layer,
             1 = RoPE; SmolLM3, Llama 4), `"global"` (EXAONE 4: its full-attention layers,
             when the config has a sliding window), or None.
+        empty_no_rope_layers: an empty `no_rope_layers` takes the default, as a null one
+            does (Llama4TextConfig replaces both; SmolLM3Config only a null).
         positionless: layer types whose layers take no positions (linear attention, conv).
 
     Attention attributes:
@@ -156,6 +158,7 @@ class Family:
 
     layer_types: LayerTypes | None = None
     no_rope: str | None = None
+    empty_no_rope_layers: bool = False
     positionless: tuple[str, ...] = ()
 
     bias: Mapping[str, bool] | bool

@@ -46,7 +46,7 @@ def llama4_types(config: dict, count: int) -> list[str]:
     chunked = config.get("attention_chunk_size", 8192) is not None
     return [
         "chunked_attention" if rope and chunked else FULL
-        for rope in _no_rope_flags(config, "llama4_text", count)
+        for rope in _no_rope_flags(config, count, empty_is_default=True)
     ]
 
 
@@ -62,7 +62,7 @@ def smollm3_types(config: dict, count: int) -> list[str]:
     sliding = config.get("use_sliding_window", False) and config.get("sliding_window") is not None
     return [
         SLIDING if sliding and not rope else FULL
-        for rope in _no_rope_flags(config, "smollm3", count)
+        for rope in _no_rope_flags(config, count, empty_is_default=False)
     ]
 
 
@@ -104,11 +104,14 @@ def layer_types(config: dict, family: Family) -> list[str] | None:
     return family.layer_types(config, count)
 
 
-def _no_rope_flags(config: dict, model_type: str, count: int) -> list[bool]:
-    """SmolLM3 / Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE, 0 for NoPE."""
+def _no_rope_flags(config: dict, count: int, empty_is_default: bool) -> list[bool]:
+    """SmolLM3 / Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE, 0 for NoPE.
+
+    A null list (or, with `empty_is_default`, an empty one) takes one NoPE layer in
+    `no_rope_layer_interval`.
+    """
     flags = config.get("no_rope_layers")
-    # Llama4TextConfig replaces an empty list too; SmolLM3Config only None.
-    if flags is None or (model_type == "llama4_text" and not flags):
+    if flags is None or (empty_is_default and not flags):
         interval = config.get("no_rope_layer_interval", 4)
         if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
             raise ValueError(
@@ -157,7 +160,7 @@ def positionless_layers(config: dict, model_type: str, family: Family) -> list[b
         types = [None] * count
     nope = [layer_type in without for layer_type in types]
     if family.no_rope == "no_rope_layers":
-        rope = _no_rope_flags(config, model_type, count)
+        rope = _no_rope_flags(config, count, family.empty_no_rope_layers)
         nope = [old or not uses for old, uses in zip(nope, rope, strict=True)]
     return nope
 
