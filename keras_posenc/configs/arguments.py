@@ -43,12 +43,12 @@ _EARLY_CHECK_DIM = 2**14
 _NOT_ROPE = {"qk_nope_head_dim", "use_rope"}
 
 
-def _layout(config: dict, family: Family, consumed: set) -> str:
+def _layout(config: dict, model_type: str, family: Family, consumed: set) -> str:
     if family.rope_interleave == "ignores":
         consumed.add("rope_interleave")
         if config.get("rope_interleave", True) is not True:
             raise ValueError(
-                "deepseek_v32's attention always interleaves its RoPE pairs (transformers ignores "
+                f"{model_type}'s attention always interleaves its RoPE pairs (transformers ignores "
                 f"'rope_interleave'), got rope_interleave={short_repr(config['rope_interleave'])}: "
                 "remove it."
             )
@@ -146,7 +146,7 @@ def rotary_arguments(config: Any, layer_type: str | None = None, layout: str | N
     consumed = {"model_type", "qk_rope_head_dim"}
     if family.no_rope == "no_rope_layers":
         consumed.update({"no_rope_layers", "no_rope_layer_interval"})  # rope_per_layer's
-    family_layout = _layout(config, family, consumed)
+    family_layout = _layout(config, model_type, family, consumed)
     if layout is not None and model_type in FAMILIES and layout != family_layout:
         raise ValueError(
             f"layout={layout!r} differs from {model_type}'s own pairing {family_layout!r}."
