@@ -43,7 +43,7 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # Gemma 4's p-RoPE: the exponent's denominator is the whole head, and the frequencies of
     # all but the first `partial_rotary_factor` of the channel pairs are zero.
     "proportional": ((), ("factor",)),
-    # transformers' vision RoPE (`keras_posenc.transformers_axial`): no keys of its own, and
+    # transformers' vision RoPE (`keras_posenc.configs.axial`): no keys of its own, and
     # no frequencies of one axis (`rope_parameters` says to give `axes_dims`).
     "axial": ((), ()),
     "longrope": (

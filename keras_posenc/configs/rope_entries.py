@@ -11,8 +11,8 @@ import copy
 from collections.abc import Mapping
 
 from keras_posenc.axes import checked_mrope_section
+from keras_posenc.configs.family import Family
 from keras_posenc.scaling_keys import checked_scaling, short_repr
-from keras_posenc.transformers_families import Family
 
 
 def is_nested(parameters: Mapping) -> bool:
@@ -144,7 +144,7 @@ def entry_arguments(
     scaling = dict(entry)
     for key in ("mrope_section", "mrope_interleaved"):
         scaling.pop(key, None)  # read by _mrope
-    if config.get("model_type") == "phi3":
+    if family.longrope_aliases:
         _phi3_names(scaling)
     if scaling.get("rope_type", scaling.get("type")) == "mrope":
         # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
