@@ -1,17 +1,16 @@
-"""RoPE of a keras_hub attention layer: its settings, the package's exact tables, keras_hub's own.
+"""keras_hub's rotary layers: their settings, the package's exact tables, keras_hub's own rows.
 
 keras_hub's `RotaryEmbedding` recomputes its angles in float32 on every call
 (`float32(position) * float32(inverse_frequency)`, then `cos`/`sin` in float32); the
-export uses the package's tables (float64, rounded once to float32). `keras_hub_tables`
+export uses the package's tables (float64, rounded once to float32). `probe_rows`
 reads the rows keras_hub's layer itself produces, by rotating a probe vector: the
 bridge checks that the two agree to within float32's error of the angles (a setting
 read wrongly shows as a difference of order 1), and docs/keras_hub.md measures what the
-difference does to the logits.
+difference does to the logits. The rotary classes of one family (Llama 3's, Phi-3's,
+SmolLM3's, Gemma 4's proportional RoPE) are read in its module (`HubFamily.rotaries`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 
@@ -27,65 +26,25 @@ _EPS32 = 2.0**-24
 _ANGLE_UNITS = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class ProportionalRotary:
-    """Gemma 4's RoPE: keras_hub's `RotaryEmbedding` (`denominator_dim=head_dim`) applied
-    to the first `rotary_dim / 2` channels of each half of the head, the rest passed
-    through: transformers' `proportional` RoPE, a full-head table whose last pairs turn
-    by 0 (cos 1, sin 0, exact)."""
-
-    layer: object
-    rotary_dim: int
-    head_dim: int
-
-
-def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
-    """`(max_wavelength, scaling)` of keras_hub rotary layer `layer`, scaling in
-    transformers' form (what `keras_posenc.rope_scaling` reads), None for none.
-
-    Raises:
-        ExportError: a setting the export does not read (named with the layer).
-    """
-    if isinstance(layer, ProportionalRotary):
-        return _proportional_settings(layer, owner)
-    kind = type(layer).__name__
-    if kind == "SmolLM3RotaryEmbedding":
-        if layer.partial_rotary_factor != 1.0 or layer.attention_scaling != 1.0:
-            raise ExportError(
-                f"{owner}: partial_rotary_factor={layer.partial_rotary_factor} is not "
-                "exported: keras_hub's SmolLM3 attention multiplies the whole head by its "
-                "cos/sin rows, which are that fraction of the head wide, so it does not run "
-                "with another value than 1.0."
-            )
-        return float(layer.rope_theta), None
+def checked_wavelength(layer, owner: str) -> float:
+    """`max_wavelength` of a keras_hub rotary layer that rotates axis -1 of `(batch,
+    sequence, heads, head_dim)` inputs (the only axes the export reads)."""
     wavelength = float(layer.max_wavelength)
     if (layer.sequence_axis, layer.feature_axis) != (1, -1):
         raise ExportError(f"{owner}: a RoPE layer with other axes than (1, -1) is not exported.")
-    if kind == "LlamaRotaryEmbedding":
-        if layer.position_scaling_factor != 1.0:
-            raise ExportError(
-                f"{owner}: rope_position_scaling_factor={layer.position_scaling_factor} is "
-                "not exported: keras_hub's LlamaRotaryEmbedding keeps it but never applies "
-                "it (its inverse frequencies ignore it), so what the model computes and what "
-                "its config says differ. Set it to 1.0, or use llama3 scaling."
-            )
-        if layer.low_freq_factor is None:
-            return wavelength, None
-        return wavelength, {
-            "rope_type": "llama3",
-            "factor": float(layer.frequency_adjustment_factor),
-            "low_freq_factor": float(layer.low_freq_factor),
-            "high_freq_factor": float(layer.high_freq_factor),
-            "original_max_position_embeddings": int(layer.pretraining_sequence_length),
-        }
-    if kind == "Phi3SuScaledRotaryEmbedding":  # transformers' longrope
-        return wavelength, {
-            "rope_type": "longrope",
-            "short_factor": [float(f) for f in layer.inverese_freq_short_factor],
-            "long_factor": [float(f) for f in layer.inverese_freq_long_factor],
-            "original_max_position_embeddings": int(layer.pretraining_sequence_length),
-            "max_position_embeddings": int(layer.max_sequence_length),
-        }
+    return wavelength
+
+
+def rotary_embedding_settings(layer, owner: str) -> tuple[float, dict | None]:
+    """`(max_wavelength, scaling)` of keras_hub's own `RotaryEmbedding` (linear or YaRN
+    scaling), scaling in transformers' form, None for none; the reader of every rotary
+    class no `HubFamily.rotaries` names.
+
+    Raises:
+        ExportError: another class, or a setting the export does not read (named).
+    """
+    kind = type(layer).__name__
+    wavelength = checked_wavelength(layer, owner)
     if kind != "RotaryEmbedding":
         raise ExportError(f"{owner}: its RoPE layer {kind} is not one the export reads.")
     if layer.rope_type == "yarn" and getattr(layer, "denominator_dim", None) is None:
@@ -98,29 +57,6 @@ def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
     if layer.scaling_factor == 1.0:
         return wavelength, None
     return wavelength, {"rope_type": "linear", "factor": float(layer.scaling_factor)}
-
-
-def _proportional_settings(rotary: ProportionalRotary, owner: str) -> tuple[float, dict | None]:
-    layer = rotary.layer
-    if type(layer).__name__ != "RotaryEmbedding" or layer.rope_type != "linear":
-        raise ExportError(
-            f"{owner}: its RoPE layer {type(layer).__name__} is not one the export reads."
-        )
-    if (layer.sequence_axis, layer.feature_axis) != (1, -1):
-        raise ExportError(f"{owner}: a RoPE layer with other axes than (1, -1) is not exported.")
-    if layer.denominator_dim not in (None, rotary.head_dim):
-        raise ExportError(
-            f"{owner}: a RoPE denominator_dim={layer.denominator_dim} other than head_dim "
-            f"({rotary.head_dim}) is not exported."
-        )
-    wavelength, factor = float(layer.max_wavelength), float(layer.scaling_factor)
-    if rotary.rotary_dim == rotary.head_dim:
-        return wavelength, None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
-    return wavelength, {
-        "rope_type": "proportional",
-        "factor": factor,
-        "partial_rotary_factor": rotary.rotary_dim / rotary.head_dim,
-    }
 
 
 def yarn_scaling(layer) -> dict:
@@ -154,7 +90,7 @@ def exact_tables(head_dim: int, wavelength: float, scaling, max_length: int) -> 
     return Rope(cos=cos.astype(np.float32), sin=sin.astype(np.float32), interleaved=False)
 
 
-def keras_hub_tables(layer, head_dim: int, max_length: int) -> Rope:
+def probe_rows(layer, head_dim: int, max_length: int) -> Rope:
     """The rows keras_hub's rotary `layer` uses for positions `0..max_length-1`.
 
     keras_hub rotates halves: `x·cos + [-x2, x1]·sin`. For the probe `x = [1…1, 0…0]`
@@ -162,19 +98,7 @@ def keras_hub_tables(layer, head_dim: int, max_length: int) -> Rope:
     """
     import keras
 
-    if isinstance(layer, ProportionalRotary):  # the rotated pairs, then the unrotated ones
-        rows = keras_hub_tables(layer.layer, layer.rotary_dim, max_length)
-        rest = (max_length, (head_dim - layer.rotary_dim) // 2)
-        return Rope(
-            cos=np.concatenate([rows.cos, np.ones(rest, np.float32)], axis=1),
-            sin=np.concatenate([rows.sin, np.zeros(rest, np.float32)], axis=1),
-            interleaved=False,
-        )
     half = head_dim // 2
-    if type(layer).__name__ == "SmolLM3RotaryEmbedding":  # it returns its cos/sin rows
-        probe = np.zeros((1, max_length, 1, head_dim), np.float32)
-        cos, sin = (keras.ops.convert_to_numpy(t)[0, :, :half] for t in layer(probe, start_index=0))
-        return Rope(cos=np.ascontiguousarray(cos), sin=np.ascontiguousarray(sin), interleaved=False)
     probe = np.zeros((1, max_length, 1, head_dim), np.float32)
     probe[..., :half] = 1.0
     rotated = keras.ops.convert_to_numpy(layer(probe, start_index=0))[0, :, 0]
