@@ -21,6 +21,10 @@ from keras_posenc.keras_hub import kv_caches
 BlockReader = Callable[[object, int, str], tuple[Block, object]]
 
 
+def _traceable(causal_lm) -> bool:
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class RotaryReader:
     """How the bridge reads a rotary layer class of keras_hub (or a family's wrapper of one).
@@ -78,4 +82,4 @@ class HubFamily:
     embedding_scaled: bool = False
     per_layer_inputs: Callable[[object, str], PerLayerInputs | None] | None = None
     empty_cache: Callable[[object, int, int], object] = kv_caches.stacked_cache
-    eager_reference: Callable[[object], bool] = lambda causal_lm: False  # noqa: E731
+    eager_reference: Callable[[object], bool] = _traceable
