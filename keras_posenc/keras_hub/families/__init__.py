@@ -1,9 +1,9 @@
-"""The keras_hub families the bridge reads: one module each, registered here in one line.
+"""The keras_hub families the bridge reads: one module each, registered here.
 
 Each module builds the `HubFamily` records (`keras_hub/family.py`) of its CausalLM
 classes; `REGISTERED` lists them, in the order the refusal of another class names them.
-A new family is its module and its line below (and its tests). The lookups the bridge
-makes by class name are the functions of this file.
+A new family is its module and its import and entry below (and its tests). The lookups
+the bridge makes by class name are the functions of this file.
 """
 
 from __future__ import annotations
