@@ -40,7 +40,7 @@ class Job:
 
 def jobs(arguments: argparse.Namespace) -> list[Job]:
     """What to export: the chosen default encoders, or the `--model` file."""
-    from keras_posenc.export import encoders
+    from keras_posenc_cli import encoders
 
     if arguments.model is not None:
         path = arguments.model
