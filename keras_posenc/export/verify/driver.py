@@ -26,10 +26,10 @@ from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import is_saved_model, recover_interrupted, write_json
 from keras_posenc.export.precision import (
-    _is_low_precision,
     compute_dtypes,
     exportable_model,
     float32_copy,
+    is_low_precision,
 )
 from keras_posenc.export.signature import serving_function
 from keras_posenc.export.verify.compare import (
@@ -227,7 +227,7 @@ def plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)
     with warnings.catch_warnings():  # it was said when the model was exported
         warnings.simplefilter("ignore")
         exported, notes = exportable_model(model, "float32")
-    low_precision = any(_is_low_precision(d) for d in compute_dtypes(exported))
+    low_precision = any(is_low_precision(d) for d in compute_dtypes(exported))
     twin = serving_function(float32_copy(exported)) if low_precision else None
     if low_precision:
         notes.append(
