@@ -156,7 +156,6 @@ def onnx_model(
     specs = input_signature(model)
     _refuse_shared_names(model, [spec.name for spec in specs])
     proto = _converted(model, specs, opset, max_sequence_length)
-    number_address_names(proto)
     target = onnx_passes.Target(
         rotary,
         opset,
@@ -167,7 +166,8 @@ def onnx_model(
 
 
 def _converted(model: keras.Model, specs, opset: int, max_sequence_length: int | None):
-    """tf2onnx's `onnx.ModelProto` of `model`'s serving function, at most opset 18."""
+    """tf2onnx's `onnx.ModelProto` of `model`'s serving function, at most opset 18, the same
+    in every process (`tf2onnx_order`: its order fixed, its address names numbered)."""
     import tf2onnx
 
     function = serving_function(model)
@@ -187,12 +187,14 @@ def _converted(model: keras.Model, specs, opset: int, max_sequence_length: int |
                 proto, _ = tf2onnx.convert.from_function(
                     function, input_signature=specs, opset=min(opset, TF2ONNX_MAX_OPSET)
                 )
-            return proto
         except Exception as error:
             if catch_errors == "TRUE":
                 raise ExportError(
                     f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
                 ) from error
+            continue
+        number_address_names(proto)
+        return proto
 
 
 def _check_converted(model: keras.Model, proto, names: list[str]) -> None:
