@@ -120,9 +120,7 @@ def verify_export(
     Example:
 
     ```python
-    report = verify_export(
-        model, "out/saved_model", "out/model.onnx", batch_sizes=(1, 2), sequence_lengths=(3, 17)
-    )
+    report = verify_export(model, "out/saved_model", "out/model.onnx", batch_sizes=(1, 2))
     report["summary"]["onnxruntime"]["max_abs_error"]  # below 1e-5, or it raised
     ```
 
@@ -135,8 +133,7 @@ def verify_export(
         sequence_lengths: sequence lengths to check (positive integers; those past the
             longest are left out).
         max_sequence_length: the largest position + 1 the files serve, as given to the
-            export functions: lengths, starts and positions up to it are checked, none
-            past it (default: the smallest learned table, else no bound).
+            export functions, and checked up to it (default: the smallest learned table, if any).
         make_inputs: `make_inputs(batch, sequence)` returns `{input name: array}`;
             default `coverage.default_inputs` (with the starts described above).
         repeats: timed calls per runtime and timed case.
