@@ -9,11 +9,13 @@ printable ASCII, so every generated token is text on its own.
 
 from __future__ import annotations
 
+import re
+
 import keras_hub
 import numpy as np
 import pytest
 from keras_hub_models import redraw
-from tiny_byte_pair import CORPUS, train_byte_pair
+from tiny_byte_pair import CORPUS, SPECIALS, train_byte_pair
 
 from keras_posenc.export import ExportError, save_decoder
 
@@ -117,3 +119,16 @@ def test_bad_tokenizers_are_refused_by_name(tmp_path, monkeypatch):
     size = causal_lm.preprocessor.tokenizer.vocabulary_size()
     monkeypatch.setattr(causal_lm.preprocessor.tokenizer, "end_token2_id", size + 5)
     _refused(causal_lm, tmp_path / "b", rf"token ids \[{size + 5}\] are outside the vocabulary")
+
+
+def test_a_vocabulary_with_ids_past_the_embedding_is_refused(tmp_path):
+    """As many tokens as the embedding has rows, but an id past them (a gap in the ids):
+    the bundle's tokenizer would give the model a token it has no row for."""
+    vocabulary, merges = train_byte_pair(CORPUS, ascii=True)
+    last = max((t for t in vocabulary if t not in SPECIALS), key=vocabulary.get)
+    vocabulary[last] = len(vocabulary) + 2  # the specials keep their ids, past it
+    tokenizer = keras_hub.models.Llama3Tokenizer(vocabulary=vocabulary, merges=merges)
+    causal_lm = tiny_byte_pair_causal_lm("llama3")
+    assert tokenizer.vocabulary_size() == causal_lm.backbone.vocabulary_size
+    causal_lm.preprocessor.tokenizer = tokenizer
+    _refused(causal_lm, tmp_path / "out", rf"token id {vocabulary[last]} \({re.escape(last)}\)")
