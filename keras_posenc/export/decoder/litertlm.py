@@ -27,6 +27,7 @@ from keras_posenc.export.decoder.litertlm_tokenizer import (
     HUGGING_FACE,
     BundleTokenizer,
     bundle_tokenizer,
+    check_ids_fit,
     keras_hub_tokenizer,
 )
 from keras_posenc.export.errors import ExportError
@@ -93,6 +94,7 @@ def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> B
             f"The tokenizer has {size} tokens and the model's embedding {vocabulary} rows: "
             "the bundle would pair them wrongly. Export the model with its own tokenizer."
         )
+    check_ids_fit(tokenizer, vocabulary)
     start = getattr(tokenizer, "start_token_id", None)
     end = getattr(tokenizer, "end_token_id", None)
     if end is None:

@@ -66,6 +66,27 @@ def keras_hub_tokenizer(model):
     return tokenizer
 
 
+def check_ids_fit(tokenizer, rows: int) -> None:
+    """Refuses a byte-pair vocabulary with an id that has no row in the model's embedding
+    (as many tokens as rows, but a gap in the ids); SentencePiece's ids are its pieces'
+    positions, so a matching size is enough there.
+
+    Raises:
+        ExportError: naming the first such id and its token.
+    """
+    if not _is(tokenizer, "BytePairTokenizer"):
+        return
+    vocabulary = dict(tokenizer.vocabulary)
+    past = sorted((int(i), str(token)) for token, i in vocabulary.items() if not 0 <= i < rows)
+    if past:
+        token_id, token = past[0]
+        raise ExportError(
+            f"The tokenizer's token id {token_id} ({token}) is outside the model's embedding "
+            f"(0...{rows - 1}; {len(past)} such ids): the bundle would give the model tokens "
+            "it has no row for. Export the model with its own tokenizer."
+        )
+
+
 def _escaped(text: str) -> str:
     """`text` as a literal in an Oniguruma regular expression (the tokenizers library's)."""
     return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
