@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import shutil
+import weakref
 
 import numpy as np
 import onnx
@@ -22,7 +23,15 @@ from onnx import numpy_helper
 from test_decoder_save import MAX_LENGTH, VOCABULARY, step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import check, decoder_cases, onnx_greedy, save, weights_file
+from keras_posenc.export.decoder import (
+    check,
+    decoder_cases,
+    describe_decoder,
+    onnx_greedy,
+    save,
+    weights_file,
+)
+from keras_posenc.export.decoder.genai_runtime import genai_model
 from keras_posenc.export.errors import ExportError
 
 GENAI = importlib.util.find_spec("onnxruntime_genai") is not None
@@ -225,6 +234,39 @@ def test_a_disk_that_fills_while_writing_keeps_the_earlier_export(tmp_path, monk
     assert error.value.errno == errno.ENOSPC
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_verification_holds_no_description_and_one_runtime_at_a_time(tmp_path, monkeypatch):
+    """The description (a float32 copy of every weight) is released once the files are
+    written, and each runtime's session before the next one opens: while a runtime runs,
+    the process holds the Keras model and that one runtime's weights, not four copies."""
+    descriptions, sessions = [], []
+
+    def describe(*args):
+        decoder = describe_decoder(*args)
+        descriptions.append(weakref.ref(decoder))
+        return decoder
+
+    def alive(refs) -> int:
+        return sum(ref() is not None for ref in refs)
+
+    def greedy(session, *args):
+        assert not alive(descriptions), "the description is held while onnxruntime runs"
+        sessions.append(weakref.ref(session))
+        return onnx_greedy(session, *args)
+
+    def genai(folder):
+        assert not alive(descriptions), "the description is held while og opens"
+        assert not alive(sessions), "onnxruntime's session is held while og opens"
+        return genai_model(folder)
+
+    monkeypatch.setattr(save, "describe_decoder", describe)
+    monkeypatch.setattr(save, "onnx_greedy", greedy)
+    monkeypatch.setattr(save, "genai_model", genai)
+    report = save_decoder(step_model(), tmp_path / "out", max_length=MAX_LENGTH, verbose=0)
+    assert report["passed"] and descriptions and sessions
+    if GENAI:
+        assert all("onnxruntime-genai" in case["runtimes"] for case in report["cases"])
 
 
 def test_progress_on_stderr_and_quiet_with_verbose_0(tmp_path, capsys):
