@@ -27,7 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 ATOL, RTOL = 1e-5, 1e-4
-BLOCK = 256  # logit rows compared at a time
+# Logits compared at a time: their float64 errors are ~6 copies of them (a prompt of 256
+# rows of a vocabulary of 128256 would be 1.6 GB at once).
+BLOCK_LOGITS = 2**20
 TIE = 2  # a tie: a margin a flip can cross, each of the two logits moving by a tolerance
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
@@ -181,9 +183,10 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
         else:
             (row_of,) = np.nonzero(selected[step])
             want, have, where = keras_logits[step][row_of], logits[step][row_of], at[step][row_of]
-        # In blocks of rows: a long prompt's float64 errors would be 5 copies of its logits.
-        for i in range(0, len(row_of), BLOCK):
-            a, r, e = _errors(want[i : i + BLOCK], have[i : i + BLOCK])
+        # In blocks of rows: a long prompt's float64 errors would be 6 copies of its logits.
+        block = max(1, BLOCK_LOGITS // want.shape[-1])
+        for i in range(0, len(row_of), block):
+            a, r, e = _errors(want[i : i + block], have[i : i + block])
             max_abs, max_rel = max(max_abs, float(a.max())), max(max_rel, float(r.max()))
             j = i + np.unravel_index(np.argmax(e), e.shape)[0]
             if e.max() > worst["excess"]:
