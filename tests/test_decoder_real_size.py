@@ -12,6 +12,7 @@ import importlib.util
 import shutil
 import weakref
 
+import keras
 import numpy as np
 import onnx
 import onnxruntime
@@ -267,6 +268,31 @@ def test_verification_holds_no_description_and_one_runtime_at_a_time(tmp_path, m
     assert report["passed"] and descriptions and sessions
     if GENAI:
         assert all("onnxruntime-genai" in case["runtimes"] for case in report["cases"])
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's reads")
+def test_the_description_holds_the_models_weights_not_a_copy():
+    """A model that does not fit twice in memory: the description's arrays are the Keras
+    variables' own buffers (read-only; TensorFlow's read of a variable aliases it), so
+    describing adds no copy of the weights. A variable assigned later is copied by
+    TensorFlow then (copy on write): a description keeps the values it was made from."""
+    from keras_posenc.keras_hub import describe_causal_lm
+
+    model = step_model()
+    first, second = (describe_decoder(model, MAX_LENGTH) for _ in range(2))
+    causal_lm = tiny_causal_lm("llama")
+    hub = [describe_causal_lm(causal_lm, HUB_LENGTH) for _ in range(2)]
+    for a, b in ((first, second), tuple(hub)):
+        assert np.shares_memory(a.embedding, b.embedding)
+        assert np.shares_memory(a.head, b.head)
+        assert np.shares_memory(a.blocks[-1].attention.query, b.blocks[-1].attention.query)
+        assert np.shares_memory(a.blocks[-1].mlp.down, b.blocks[-1].mlp.down)
+        assert not a.embedding.flags.writeable
+    (table,) = (layer for layer in model.layers if isinstance(layer, keras.layers.Embedding))
+    kept = first.embedding.copy()
+    table.embeddings.assign(np.zeros(table.embeddings.shape, "float32"))
+    np.testing.assert_array_equal(first.embedding, kept)
+    assert not describe_decoder(model, MAX_LENGTH).embedding.any()
 
 
 def test_progress_on_stderr_and_quiet_with_verbose_0(tmp_path, capsys):
