@@ -304,15 +304,17 @@ def _described(model, max_length: int, bfloat16: str):
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
     refuse_model_kind(model)
-    if bridge.is_keras_hub_causal_lm(model):
+    hub = bridge.is_keras_hub_causal_lm(model)
+    if hub:
         describe = functools.partial(bridge.describe_causal_lm, model, max_length)
-        reference, slots = bridge.keras_hub_greedy(model), max_length
     else:
         model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
         describe = functools.partial(describe_decoder, model, max_length)
-        reference, slots = None, model.inputs[1].shape[3]
-    decoder = describe()
-    return model, decoder, on_demand(decoder, describe), reference, slots
+    decoder = describe()  # refuses a model it cannot describe, naming the layer
+    source = on_demand(decoder, describe)
+    if hub:
+        return model, decoder, source, bridge.keras_hub_greedy(model), max_length
+    return model, decoder, source, None, model.inputs[1].shape[3]
 
 
 def _write(files: dict, staging: Path, weights=None) -> None:
@@ -337,17 +339,19 @@ def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantiza
 
     runtimes, slot = {}, OneAtATime()
     if "onnx" in formats:
-        path = staging / "model.onnx"
+        onnx_path = staging / "model.onnx"  # each path its own name: read when a runtime runs
         runtimes["onnxruntime"] = slot.runtime(
-            "onnxruntime", lambda: _onnx_runtime(path, max_length)
+            "onnxruntime", lambda: _onnx_runtime(onnx_path, max_length)
         )
-        runtimes.update(float_arithmetic_runtime(path, max_length, quantization, slot))
+        runtimes.update(float_arithmetic_runtime(onnx_path, max_length, quantization, slot))
         if importlib.util.find_spec("onnxruntime_genai") is not None:
             # A folder og cannot load is refused at its first run (ExportError).
             runtimes["onnxruntime-genai"] = slot.runtime(
                 "onnxruntime-genai", lambda: genai_greedy(genai_model(staging), max_length)
             )
     if "litert" in formats:
-        path = staging / "model.tflite"
-        runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
+        tflite_path = staging / "model.tflite"
+        runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(
+            tflite_path, prompts, mask, steps
+        )
     return runtimes
