@@ -313,7 +313,7 @@ def verify_decoder(
     expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
     exacts = [_exact(source, case, want) for case, want in zip(cases, expected, strict=True)]
     releases = [
-        judge.router_releases(exact()[1], c["mask"], c["steps"]) if source and source.moe else None
+        judge.router_releases(exact()[1], c["mask"], c["steps"]) if exact and source.moe else None
         for c, exact in zip(cases, exacts, strict=True)
     ]
     results = [{} for _ in cases]

@@ -161,7 +161,7 @@ def save_decoder(
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
         _write(files, staging, weights)
-        files = decoder = None  # neither the graph nor the weights' copy held while verifying
+        files = decoder = None  # neither the graph nor the description held while verifying
         report = {}
         if verify:
             checked = (model, source, reference, min(max_length, slots), quantization, attention)
