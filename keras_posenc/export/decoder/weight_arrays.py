@@ -6,8 +6,9 @@ copy of the model's weights, and a model that does not fit twice in memory canno
 exported (issue 39). A tensor read from a TensorFlow variable aliases the variable's
 buffer, and numpy views that tensor (read-only): no copy. TensorFlow copies the buffer
 when the variable is assigned while the view lives (copy on write), so the array keeps
-the value it was read with. JAX's and PyTorch's CPU arrays convert without a copy
-already.
+the value it was read with. A JAX variable's array is immutable (an assignment makes a
+new one) and numpy views it on the CPU. A PyTorch variable is assigned in place, so its
+value is copied (`convert_to_numpy`), as before.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 def weight_array(variable) -> np.ndarray:
     """`variable`'s value as a float32 array; a read-only view of its buffer on TensorFlow
-    (a copy only where it is not float32).
+    and JAX (a copy where it is not float32, and on PyTorch).
 
     Example:
 
@@ -26,8 +27,11 @@ def weight_array(variable) -> np.ndarray:
     kernel = weight_array(layer.kernel)  # no second copy of the kernel
     ```
     """
-    if keras.backend.backend() == "tensorflow" and isinstance(variable, keras.Variable):
+    backend = keras.backend.backend()
+    if backend == "tensorflow" and isinstance(variable, keras.Variable):
         value = np.asarray(variable.value.read_value())
+    elif backend == "jax" and isinstance(variable, keras.Variable):
+        value = np.asarray(variable.value)
     else:
         value = keras.ops.convert_to_numpy(variable)
     return np.asarray(value, np.float32)
