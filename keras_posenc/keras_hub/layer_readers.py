@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.description import Norm
+from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
 # Gemma's: `x / sqrt(mean(x²) + epsilon) * (1 + scale)`; `1 + scale` rounds to the same
@@ -14,7 +15,8 @@ _GEMMA_NORM = "RMSNormalization"
 
 
 def array(variable) -> np.ndarray:
-    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+    """`weight_arrays.weight_array`: the variable's float32 value, a view where it can be."""
+    return weight_array(variable)
 
 
 def dense_kernel(layer, owner: str) -> np.ndarray:
