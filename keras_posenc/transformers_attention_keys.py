@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from keras_posenc.scaling_keys import short_repr
+from keras_posenc._checks import short_repr
 from keras_posenc.transformers_families import FULL, SLIDING
 from keras_posenc.transformers_schedules import layer_count, layer_types
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from keras_posenc.scaling_keys import short_repr
+from keras_posenc._checks import short_repr
 from keras_posenc.transformers_families import FULL, SLIDING, Family
 
 
