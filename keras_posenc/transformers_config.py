@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from keras_posenc.rope_scaling import rope_parameters
-from keras_posenc.scaling_keys import short_repr
+from keras_posenc._checks import short_repr
+from keras_posenc.rope import rope_parameters
 from keras_posenc.transformers_attention_keys import attention_settings
 from keras_posenc.transformers_axial import axial_arguments, is_axial
 from keras_posenc.transformers_entries import (

@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
+from keras_posenc._checks import short_repr
 from keras_posenc.axes import checked_mrope_section
-from keras_posenc.scaling_keys import checked_scaling, short_repr
+from keras_posenc.rope import checked_scaling
 from keras_posenc.transformers_families import Family
 
 

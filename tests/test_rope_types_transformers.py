@@ -14,7 +14,7 @@ from float32_error import assert_within_bound, rotation_error, torch_frequency_e
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 from keras_posenc.transformers_config import rotary_arguments
 
 SIZES = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings": 4096}

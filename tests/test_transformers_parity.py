@@ -25,7 +25,7 @@ from test_transformers_parity_2026 import CASES as CASES_2026
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 from keras_posenc.transformers_config import FAMILIES, attention_arguments, rotary_arguments
 
 torch.manual_seed(0)
