@@ -94,7 +94,7 @@ def _linear(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopePara
 def _dynamic(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
     if dim < 4:
         raise ValueError(
-            f"dynamic scaling needs rotary_dim >= 4 (its exponent is d/(d-2)), got {dim}" + "."
+            f"dynamic scaling needs rotary_dim >= 4 (its exponent is d/(d-2)), got {dim}."
         )
     return RopeParameters(
         omega,
