@@ -69,3 +69,9 @@ class RopeType:
     needs_max_length: bool = False
     factor_from_lengths: bool = False
     partial_in_scaling: bool = False
+
+    def __post_init__(self):
+        # An entry's author learns of a null key it does not accept when the module loads.
+        stray = sorted(set(self.null_keys) - set(self.required) - set(self.optional))
+        if stray:
+            raise ValueError(f"RopeType null_keys {stray} are neither required nor optional.")
