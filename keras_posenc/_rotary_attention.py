@@ -54,7 +54,7 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
     value_dim)`, `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
 
-    # The head arguments' names in `transformers_config.attention_arguments`.
+    # The head arguments' names in `configs.arguments.attention_arguments`.
     _CONFIG_FORM = "gqa"
 
     @classmethod
@@ -64,13 +64,13 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         """The attention layer a transformers model config describes: heads, head size, RoPE.
 
         Args:
-            config: a transformers config or its dict (see `keras_posenc.transformers_config`).
+            config: a transformers config or its dict (see `keras_posenc.configs.arguments`).
             layer_type: the layer type to read for configs with RoPE per layer type.
             layer_index: the decoder layer to read; a family with NoPE layers (SmolLM3,
                 Llama 4, EXAONE 4) needs it unless `layer_type` alone says which kind it is.
             **overrides: further layer arguments, or ones replacing what the config gives.
         """
-        from keras_posenc.transformers_config import attention_arguments
+        from keras_posenc.configs.arguments import attention_arguments
 
         arguments = attention_arguments(
             config, layer_type, form=cls._CONFIG_FORM, layer_index=layer_index

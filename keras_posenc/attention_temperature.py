@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_posenc._checks import short_repr
+from keras_posenc.configs.language_model import as_dict, language_config
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -96,9 +97,7 @@ def attention_temperature(config: Any) -> AttentionTemperature | None:
     >>> attention_temperature({"model_type": "llama4_text", "floor_scale": 4096}).floor_scale
     4096
     """
-    from keras_posenc.transformers_config import _as_dict, _language_config
-
-    text = _language_config(_as_dict(config))
+    text = language_config(as_dict(config))
     if text.get("model_type") != "llama4_text":
         raise ValueError(
             f"model_type {short_repr(text.get('model_type'))} has no attention temperature "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_posenc.configs.language_model import as_dict, family_of, language_config
+from keras_posenc.configs.schedules import layer_types, positionless_layers
 from keras_posenc.rotary import RotaryEmbedding
-from keras_posenc.transformers_config import _as_dict, _family, _language_config
-from keras_posenc.transformers_schedules import layer_types, positionless_layers
 
 
 def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:
@@ -20,7 +20,7 @@ def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:
 
     Args:
         config: a transformers config or its dict (`config.json` of transformers 4 or 5,
-            or `to_dict()`); the families of `keras_posenc.transformers_config.FAMILIES`.
+            or `to_dict()`); the families of `keras_posenc.configs.families.FAMILIES`.
         **overrides: further `RotaryEmbedding` arguments for every layer (`sequence_axis`,
             `positions_from_mask`, ...).
 
@@ -37,10 +37,10 @@ def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:
     >>> [layer is None for layer in rope_per_layer(smollm3)]
     [False, False, False, True]
     """
-    text = _language_config(_as_dict(config))
-    model_type, family = _family(text, overrides.get("layout"))
+    text = language_config(as_dict(config))
+    model_type, family = family_of(text, overrides.get("layout"))
     nope = positionless_layers(text, model_type, family)
-    types = layer_types(text, model_type) or [None] * len(nope)
+    types = layer_types(text, family) or [None] * len(nope)
     layers = []
     for layer_type, positionless in zip(types, nope, strict=True):
         if positionless:

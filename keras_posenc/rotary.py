@@ -332,7 +332,7 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
 
         Args:
             config: a transformers config or its dict (`config.json` of transformers 4 or 5,
-                or `to_dict()`); see `keras_posenc.transformers_config` for the families read.
+                or `to_dict()`); see `keras_posenc.configs.arguments` for the families read.
             layer_type: the layer type to read when the config has RoPE per layer type
                 (Gemma 3 and 4, ModernBERT, OLMo 3: `"full_attention"` /
                 `"sliding_attention"`). `keras_posenc.rope_per_layer` gives the RoPE of
@@ -352,7 +352,7 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         >>> rope.max_wavelength, rope.layout, rope.scaling["rope_type"]
         (500000.0, 'half', 'llama3')
         """
-        from keras_posenc.transformers_config import rotary_arguments
+        from keras_posenc.configs.arguments import rotary_arguments
 
         arguments = rotary_arguments(config, layer_type, layout=overrides.get("layout"))
         return cls(**{**arguments, **overrides})

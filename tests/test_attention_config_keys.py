@@ -22,8 +22,8 @@ from attention_parity import (
 )
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
-from keras_posenc.transformers_attention_keys import _BIAS
-from keras_posenc.transformers_config import FAMILIES, attention_arguments
+from keras_posenc.configs.arguments import attention_arguments
+from keras_posenc.configs.families import FAMILIES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -208,10 +208,6 @@ def test_neutral_values_read(config, index, expected):
         assert arguments.get(key) == expected.get(key), key
     if config["model_type"] != "seed_oss":
         assert arguments["use_bias"] == expected["use_bias"]
-
-
-def test_every_family_has_a_bias_rule():
-    assert set(FAMILIES) <= set(_BIAS)
 
 
 def _read(config, index):

@@ -408,7 +408,7 @@ def test_mrope_configs_are_read_in_every_format():
 def test_mrope_keys_a_config_leaves_out_get_transformers_defaults(model_type):
     import transformers
 
-    from keras_posenc.transformers_config import rotary_arguments
+    from keras_posenc.configs.arguments import rotary_arguments
 
     # 128-channel heads: the default sections (64 pairs) fill them.
     raw = {"model_type": model_type, "hidden_size": 512, "num_attention_heads": 4}

@@ -50,7 +50,7 @@ def test_registered_for_keras_serialization(name):
         "rotary_attention",
         "rotary_group_query_attention",
         "axes",
-        "transformers_config",
+        "configs.arguments",
         "rope_per_layer",
         "attention_temperature",
     ],

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
+from keras_posenc.configs.arguments import attention_arguments
 from keras_posenc.query_key_norm import QUERY_KEY_NORMS
-from keras_posenc.transformers_config import attention_arguments
 
 WIDTH, HEADS, KV_HEADS, HEAD_DIM = 12, 4, 2, 6
 _RNG = np.random.default_rng(0)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from keras_posenc import RotaryEmbedding, rope_per_layer
-from keras_posenc.transformers_config import _head_dim, attention_arguments, rotary_arguments
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
+from keras_posenc.configs.families import FAMILIES
+from keras_posenc.configs.language_model import head_size
 
 SIZES = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
 
@@ -112,8 +114,9 @@ def test_hunyuan_alpha_is_a_fixed_base():
 
 def test_gemma4_layer_types_have_their_own_head_size_and_its_attention_is_refused():
     config = {**SIZES, "model_type": "gemma4_text", "num_hidden_layers": 6, "global_head_dim": 128}
-    assert _head_dim(config, "gemma4_text", "sliding_attention") == 64
-    assert _head_dim(config, "gemma4_text", "full_attention") == 128
+    gemma4 = FAMILIES["gemma4_text"]
+    assert head_size(config, gemma4, "sliding_attention") == 64
+    assert head_size(config, gemma4, "full_attention") == 128
     with pytest.raises(ValueError, match="keys as values"):
         attention_arguments({**config, "attention_k_eq_v": True}, "full_attention")
     # Its attention normalizes the values too (v_norm), which the layers do not.

@@ -17,9 +17,11 @@ from keras_posenc import (
     RotaryEmbedding,
     RotaryGroupQueryAttention,
     RotaryMultiHeadAttention,
-    transformers_config,
 )
-from keras_posenc.transformers_config import attention_arguments, rotary_arguments
+from keras_posenc.configs import arguments as arguments_module
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
+from keras_posenc.configs.families import FAMILIES
+from keras_posenc.configs.family import Family
 
 LONG_48 = [1.0 + 0.25 * k for k in range(48)]
 SHORT_48 = [1.0 + 0.01 * k for k in range(48)]
@@ -390,6 +392,17 @@ def test_config_of_the_wrong_type_and_layout_overrides():
     assert RotaryEmbedding.from_transformers_config(LLAMA31, name="q_rope").name == "q_rope"
 
 
+def test_every_family_has_a_bias_rule_and_an_unknown_family_is_named():
+    # The bias rule is the one field of a family's record without a default.
+    with pytest.raises(TypeError, match="'bias'"):
+        Family(layout="half")
+    assert all(isinstance(family.bias, (bool, dict)) for family in FAMILIES.values())
+    unknown = {**LLAMA31, "model_type": "my_llama"}
+    for read in (rotary_arguments, attention_arguments):
+        with pytest.raises(ValueError, match="'my_llama' is not a family.*families.FAMILIES"):
+            read(unknown)
+
+
 def test_deepseek_without_interleave_is_half():
     assert rotary_arguments({**DEEPSEEK_V3, "rope_interleave": False})["layout"] == "half"
 
@@ -441,7 +454,7 @@ def test_attention_arguments():
 
 
 def test_docstring_examples_run():
-    results = doctest.testmod(transformers_config, optionflags=doctest.NORMALIZE_WHITESPACE)
+    results = doctest.testmod(arguments_module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert results.attempted > 0 and results.failed == 0
 
 

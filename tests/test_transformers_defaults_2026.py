@@ -18,9 +18,8 @@ from float32_error import assert_within_bound, rotation_error, torch_table_error
 from test_transformers_parity_2026 import CASES, LENGTH, SIZES, LayerCapture, _described, _numpy
 
 from keras_posenc import rope_per_layer
-from keras_posenc.transformers_config import attention_arguments, rotary_arguments
-from keras_posenc.transformers_families import COMPOSITE_5, FAMILIES
-from keras_posenc.transformers_norms import NORMS
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
+from keras_posenc.configs.families import COMPOSITE_5, FAMILIES
 
 _ROPE_KEYS = (
     "rope_scaling",
@@ -76,7 +75,7 @@ def test_keys_a_config_leaves_out_get_transformers_defaults(name):
                 ours = attention_arguments(raw, layer_index=index)
                 assert ours == attention_arguments(config, layer_index=index)
                 # The q/k norm and its epsilon are the config class's defaults in both forms.
-                norm = NORMS.get(raw["model_type"])
+                norm = family.norm
                 if norm is not None and norm.flag is None:
                     assert ours["query_key_norm"] == norm.kind
                     epsilon = getattr(config, norm.epsilon_key)

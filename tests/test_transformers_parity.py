@@ -25,8 +25,9 @@ from test_transformers_parity_2026 import CASES as CASES_2026
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
+from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
+from keras_posenc.configs.families import FAMILIES
 from keras_posenc.rope import rope_parameters
-from keras_posenc.transformers_config import FAMILIES, attention_arguments, rotary_arguments
 
 torch.manual_seed(0)
 SIZES = {

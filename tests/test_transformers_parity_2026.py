@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from keras_posenc import rope_per_layer
-from keras_posenc.transformers_config import rotary_arguments
+from keras_posenc.configs.arguments import rotary_arguments
 
 LENGTH = 8
 DECODE_POSITION = 100  # past every original context below (as test_transformers_parity.py)

@@ -22,7 +22,7 @@ definitions, computed in float64 on the host:
   rotary, which shortens `d`).
 - `longrope`: `ω / short_factor` up to `original_max_position_embeddings`, `ω / long_factor`
   past it (by total length), attention factor `sqrt(1 + ln f / ln L0)`.
-- `axial`: transformers' vision RoPE (`keras_posenc.transformers_axial`): no keys of its
+- `axial`: transformers' vision RoPE (`keras_posenc.configs.axial`): no keys of its
   own, and no frequencies of one axis (the error says to give `axes_dims`).
 
 A type whose frequencies change with the total length sets `RopeParameters.switch_length`

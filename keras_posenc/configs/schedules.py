@@ -1,10 +1,11 @@
 """Which decoder layers of a transformers config take positions, and of which layer type.
 
-`layer_types(config, model_type)` is the config's `layer_types`, or the list its config class
-makes when a `config.json` leaves it out; `positionless_layers` says, per layer, whether it
-uses no RoPE: NoPE layers (SmolLM3 and Llama 4's `no_rope_layers`, EXAONE 4's global
-layers), linear-attention layers (Qwen3-Next, Qwen3.5) and convolutions (LFM2). Each rule is
-the one of the family's transformers 5 config class and attention code.
+`layer_types(config, family)` is the config's `layer_types`, or the list its config class
+makes when a `config.json` leaves it out (the family's `layer_types`, one of the functions
+here); `positionless_layers` says, per layer, whether it uses no RoPE: NoPE layers (SmolLM3
+and Llama 4's `no_rope_layers`, EXAONE 4's global layers), linear-attention layers
+(Qwen3-Next, Qwen3.5) and convolutions (LFM2). Each rule is the one of the family's
+transformers 5 config class and attention code.
 """
 
 from __future__ import annotations
@@ -12,20 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from keras_posenc._checks import short_repr
-from keras_posenc.transformers_families import FULL, SLIDING, Family
+from keras_posenc.configs.family import FULL, SLIDING, Family, LayerTypes
 
 
 def _every(interval: int, other: str, each: str) -> Callable[[int], str]:
     return lambda index: other if (index + 1) % interval else each
 
 
-def _gemma4(config: dict, count: int) -> list[str]:
+def every_nth_full(interval: int) -> LayerTypes:
+    """Layer types with every `interval`-th layer full attention, the others sliding."""
+    return lambda config, count: [_every(interval, SLIDING, FULL)(i) for i in range(count)]
+
+
+def gemma4_types(config: dict, count: int) -> list[str]:
+    """Gemma4TextConfig's: five sliding layers, then a full one; the last always full."""
     types = [_every(6, SLIDING, FULL)(index) for index in range(count)]
     return types[:-1] + [FULL] if types else types  # its last layer is always global
 
 
-def _exaone4(config: dict, count: int) -> list[str] | None:
-    if config.get("sliding_window", _SLIDING_WINDOW["exaone4"]) is None:
+def exaone4_types(config: dict, count: int) -> list[str] | None:
+    """Exaone4Config's: `sliding_window_pattern` (every 4th layer full), or all full."""
+    if config.get("sliding_window", 4096) is None:  # Exaone4Config's default window
         return [FULL] * count
     pattern = config.get("sliding_window_pattern", 4)
     if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
@@ -33,49 +41,35 @@ def _exaone4(config: dict, count: int) -> list[str] | None:
     return [_every(pattern, SLIDING, FULL)(index) for index in range(count)]
 
 
-def _llama4(config: dict, count: int) -> list[str]:
+def llama4_types(config: dict, count: int) -> list[str]:
+    """Llama4TextConfig's: its RoPE layers chunked (with a chunk size), its NoPE layers full."""
     chunked = config.get("attention_chunk_size", 8192) is not None
     return [
         "chunked_attention" if rope and chunked else FULL
-        for rope in _no_rope_flags(config, "llama4_text", count)
+        for rope in _no_rope_flags(config, count, empty_is_default=True)
     ]
 
 
-def _lfm2(config: dict, count: int) -> list[str]:
+def lfm2_types(config: dict, count: int) -> list[str]:
+    """Lfm2Config's: attention at `full_attn_idxs`, convolutions elsewhere."""
     full = config.get("full_attn_idxs")
     full = range(count) if full is None else full
     return [FULL if index in full else "conv" for index in range(count)]
 
 
-def _smollm3(config: dict, count: int) -> list[str]:
+def smollm3_types(config: dict, count: int) -> list[str]:
+    """SmolLM3Config's: its NoPE layers sliding where it has a window, the others full."""
     sliding = config.get("use_sliding_window", False) and config.get("sliding_window") is not None
     return [
         SLIDING if sliding and not rope else FULL
-        for rope in _no_rope_flags(config, "smollm3", count)
+        for rope in _no_rope_flags(config, count, empty_is_default=False)
     ]
 
 
-def _qwen3_next(config: dict, count: int) -> list[str]:
+def qwen3_next_types(config: dict, count: int) -> list[str]:
+    """Qwen3NextConfig's: every `full_attention_interval`-th layer full, the others linear."""
     every = _every(config.get("full_attention_interval", 4), "linear_attention", FULL)
     return [every(index) for index in range(count)]
-
-
-# The layer types each config class makes when the config gives none.
-_DEFAULT_TYPES: dict[str, Callable[[dict, int], list[str] | None]] = {
-    "gemma4_text": _gemma4,
-    "gpt_oss": lambda config, count: [_every(2, SLIDING, FULL)(i) for i in range(count)],
-    "olmo3": lambda config, count: [_every(4, SLIDING, FULL)(i) for i in range(count)],
-    "exaone4": _exaone4,
-    "llama4_text": _llama4,
-    "lfm2": _lfm2,
-    "smollm3": _smollm3,
-    "deepseek_v32": lambda config, count: ["indexed_attention"] * count,
-    "qwen3_next": _qwen3_next,
-    "qwen3_5_text": _qwen3_next,
-    "qwen3_5_moe_text": _qwen3_next,
-}
-# Config-class defaults of keys the schedules read.
-_SLIDING_WINDOW = {"exaone4": 4096}
 
 
 def layer_count(config: dict) -> int | None:
@@ -91,7 +85,7 @@ def layer_count(config: dict) -> int | None:
     return None
 
 
-def layer_types(config: dict, model_type: str) -> list[str] | None:
+def layer_types(config: dict, family: Family) -> list[str] | None:
     """The type of each layer: the config's `layer_types`, else its config class's default."""
     types = config.get("layer_types")
     count = layer_count(config)
@@ -105,16 +99,19 @@ def layer_types(config: dict, model_type: str) -> list[str] | None:
                 f"config['layer_types'] has {len(types)} entries for num_hidden_layers={count}."
             )
         return list(types)
-    if model_type not in _DEFAULT_TYPES or count is None:
+    if family.layer_types is None or count is None:
         return None
-    return _DEFAULT_TYPES[model_type](config, count)
+    return family.layer_types(config, count)
 
 
-def _no_rope_flags(config: dict, model_type: str, count: int) -> list[bool]:
-    """SmolLM3 / Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE, 0 for NoPE."""
+def _no_rope_flags(config: dict, count: int, empty_is_default: bool) -> list[bool]:
+    """SmolLM3 / Llama 4: `no_rope_layers[i]` is 1 where layer i uses RoPE, 0 for NoPE.
+
+    A null list (or, with `empty_is_default`, an empty one) takes one NoPE layer in
+    `no_rope_layer_interval`.
+    """
     flags = config.get("no_rope_layers")
-    # Llama4TextConfig replaces an empty list too; SmolLM3Config only None.
-    if flags is None or (model_type == "llama4_text" and not flags):
+    if flags is None or (empty_is_default and not flags):
         interval = config.get("no_rope_layer_interval", 4)
         if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
             raise ValueError(
@@ -135,12 +132,13 @@ def _no_rope_flags(config: dict, model_type: str, count: int) -> list[bool]:
     return [bool(flag) for flag in flags[:count]]
 
 
-def positionless_types(config: dict, model_type: str, family: Family) -> tuple[str, ...]:
+def positionless_types(config: dict, family: Family) -> tuple[str, ...]:
     """The layer types whose layers use no RoPE."""
     types = tuple(family.positionless)
     if family.no_rope == "global":
         # EXAONE 4: "global NoPE" wherever there is a sliding window.
-        window = config.get("sliding_window", _SLIDING_WINDOW.get(model_type))
+        default = None if family.window is None else family.window.default
+        window = config.get("sliding_window", default)
         if window is not None:
             types += (FULL,)
     return types
@@ -151,8 +149,8 @@ def positionless_layers(config: dict, model_type: str, family: Family) -> list[b
     count = layer_count(config)
     if count is None:
         raise ValueError("The config needs 'num_hidden_layers' to list its layers.")
-    types = layer_types(config, model_type)
-    without = positionless_types(config, model_type, family)
+    types = layer_types(config, family)
+    without = positionless_types(config, family)
     if types is None:
         if without:
             raise ValueError(
@@ -162,7 +160,7 @@ def positionless_layers(config: dict, model_type: str, family: Family) -> list[b
         types = [None] * count
     nope = [layer_type in without for layer_type in types]
     if family.no_rope == "no_rope_layers":
-        rope = _no_rope_flags(config, model_type, count)
+        rope = _no_rope_flags(config, count, family.empty_no_rope_layers)
         nope = [old or not uses for old, uses in zip(nope, rope, strict=True)]
     return nope
 
@@ -198,9 +196,9 @@ def layer_attention(
         return layer_type, False
     elif count is None:
         if family.no_rope == "global" and layer_type is not None:
-            return layer_type, layer_type in positionless_types(config, model_type, family)
+            return layer_type, layer_type in positionless_types(config, family)
         _refuse_unknown_layer(model_type, layer_type)
-    types = layer_types(config, model_type) or [None] * count
+    types = layer_types(config, family) or [None] * count
     nope = positionless_layers(config, model_type, family)
     if index is not None:
         if layer_type is not None and layer_type != types[index]:

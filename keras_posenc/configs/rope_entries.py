@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from keras_posenc._checks import short_repr
 from keras_posenc.axes import checked_mrope_section
+from keras_posenc.configs.family import Family
 from keras_posenc.rope import ROPE_TYPES, checked_scaling, find_rope_type
-from keras_posenc.transformers_families import Family
 
 
 def is_nested(parameters: Mapping) -> bool:
@@ -145,7 +145,7 @@ def entry_arguments(
     scaling = dict(entry)
     for key in ("mrope_section", "mrope_interleaved"):
         scaling.pop(key, None)  # read by _mrope
-    if config.get("model_type") == "phi3":
+    if family.longrope_aliases:
         _phi3_names(scaling)
     if scaling.get("rope_type", scaling.get("type")) == "mrope":
         # transformers 4's Qwen2-VL configs name the plain frequencies "mrope".
