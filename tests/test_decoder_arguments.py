@@ -164,7 +164,7 @@ class Doubled(keras.layers.Layer):
 
 
 def test_cli_imports_the_users_module_before_loading(tmp_path, monkeypatch):
-    from keras_posenc.export import job
+    from keras_posenc_cli import job
     from keras_posenc_cli.arguments import parse_arguments
 
     name = "user_layers_for_the_cli_test"
