@@ -31,7 +31,7 @@ class RotaryReader:
 
     Attributes:
         settings: `settings(layer, owner) -> (max_wavelength, scaling)`, the scaling in
-            transformers' form (what `keras_posenc.rope_scaling` reads) or None; raises
+            transformers' form (what `keras_posenc.rope` reads) or None; raises
             an `ExportError` naming a setting the export cannot write.
         keras_hub_rows: `keras_hub_rows(layer, head_dim, max_length) -> Rope`, the rows
             the layer itself computes; None: `rotary_layers.probe_rows` (rotating a

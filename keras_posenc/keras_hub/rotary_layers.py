@@ -17,7 +17,7 @@ import numpy as np
 from keras_posenc.export.decoder.description import Rope
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import FrequencyTable
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 
 # float32's unit roundoff, and how many of them keras_hub's float32 angle may be off by,
 # relative to the angle (power, product and the llama3 blend each round; sin and cos add

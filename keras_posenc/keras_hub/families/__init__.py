@@ -59,7 +59,7 @@ def _rotary_reader(layer) -> RotaryReader:
 
 def rope_settings(layer, owner: str) -> tuple[float, dict | None]:
     """`(max_wavelength, scaling)` of rotary layer `layer` (what a block reader returns),
-    scaling in transformers' form (what `keras_posenc.rope_scaling` reads), None for none.
+    scaling in transformers' form (what `keras_posenc.rope` reads), None for none.
 
     Raises:
         ExportError: a class or a setting the export does not read (named with the layer).
