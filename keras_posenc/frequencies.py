@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from keras import ops
 
-from keras_posenc._checks import (
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.layers.checks import (
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
 )
-from keras_posenc._host_constant import HostConstant
-from keras_posenc._lazy import tricks
-from keras_posenc.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
+from keras_posenc.tables.host_constant import HostConstant
+from keras_posenc.tables.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
 
 CACHED_POSITIONS = 4096
 MAX_POSITIONS = CACHED_POSITIONS * CACHED_POSITIONS  # 16,777,216
@@ -139,11 +139,11 @@ class PositionTable(TableRows):
 
     `make_host_rows` turns the float64 host `(sin, cos)` of shape `(..., dim/2)` into the
     tables a layer combines with its input (for example the interleaved encoding, or
-    RoPE's cos and signed sin; numpy, `keras_posenc.layouts`), rounded once to float32 for
+    RoPE's cos and signed sin; numpy, `keras_posenc.tables.layouts`), rounded once to float32 for
     the cached rows. `make_rows` lays out the exact float32 values the graphs compute for
     positions past the cache, the same way (in the backend's ops: `tricks().encoding`,
     `channel_tables`). Which rows serve a run or some positions (`slice`, `gather`) is
-    decided in `keras_posenc.rows`.
+    decided in `keras_posenc.tables.rows`.
     """
 
     limit = MAX_POSITIONS

@@ -2,8 +2,8 @@
 
 Keras's own, on every backend (no TensorFlow here): nothing else in the package imports
 `keras.src` or reads a `_`-attribute of a Keras object, so when a release moves one of
-these, this is the one file to change (TensorFlow's are in `keras_posenc._tf.private`).
-Each says why no public API serves.
+these, this is the one file to change (TensorFlow's are in
+`keras_posenc.backend.tensorflow.private`). Each says why no public API serves.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""TensorFlow, and the package's TensorFlow tricks (`keras_posenc._tf`), imported on first use.
+"""TensorFlow, and the package's TensorFlow tricks (`keras_posenc.backend.tensorflow`), imported on
+first use.
 
 Modules every backend imports refer to TensorFlow through these names, so on JAX and
 PyTorch the package never imports it: a process there needs no TensorFlow installed, and
@@ -40,14 +41,15 @@ class LazyModule:
 
 
 tf = LazyModule("tensorflow")
-_tf = LazyModule("keras_posenc._tf")
+tf_backend = LazyModule("keras_posenc.backend.tensorflow")
 
 
-_keras_ops = LazyModule("keras_posenc._keras_ops")
+keras_ops_backend = LazyModule("keras_posenc.backend.keras_ops")
 
 
 def tricks():
-    """This backend's tricks: `keras_posenc._tf` on TensorFlow, else `keras_posenc._keras_ops`
+    """This backend's tricks: `keras_posenc.backend.tensorflow` on TensorFlow, else
+    `keras_posenc.backend.keras_ops`
     (JAX, PyTorch), each imported on first use. Both give the same names, each answering for
-    its backend (see `keras_posenc._keras_ops`)."""
-    return _tf if backend() == "tensorflow" else _keras_ops
+    its backend (see `keras_posenc.backend.keras_ops`)."""
+    return tf_backend if backend() == "tensorflow" else keras_ops_backend

@@ -12,7 +12,7 @@ from typing import Any
 
 from keras_posenc.configs.language_model import as_dict, family_of, language_config
 from keras_posenc.configs.schedules import layer_types, positionless_layers
-from keras_posenc.rotary import RotaryEmbedding
+from keras_posenc.layers.rotary import RotaryEmbedding
 
 
 def rope_per_layer(config: Any, **overrides) -> list[RotaryEmbedding | None]:

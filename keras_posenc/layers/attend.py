@@ -1,21 +1,21 @@
 """Dot-product attention of rotated heads, Keras's way: the last step of the rotary attention call.
 
-`RotaryAttention.call` (`keras_posenc._rotary_attention`) projects, rotates and caches the
-heads; this attends over them with the layer's own scale, dropout, masks and softmax.
+`RotaryAttention.call` (`keras_posenc.layers.rotary_attention_call`) projects, rotates and caches
+the heads; this attends over them with the layer's own scale, dropout, masks and softmax.
 
 The attention call is written once, in `keras.ops`, for every backend. Where a backend
 needs its own op (TensorFlow: to keep the graphs it exports as they are) or has something
 the others have not (values known while tracing, graph assertions, XLA or not), the call
-asks `tricks()`: `keras_posenc._tf` on TensorFlow, `keras_posenc._keras_ops` on JAX and
-PyTorch, which give the same names.
+asks `tricks()`: `keras_posenc.backend.tensorflow` on TensorFlow, `keras_posenc.backend.keras_ops`
+on JAX and PyTorch, which give the same names.
 """
 
 from __future__ import annotations
 
 from keras import ops
 
-from keras_posenc import _keras_private as private
-from keras_posenc._lazy import tricks  # noqa: F401  re-exported: the attention call asks it
+from keras_posenc.backend import keras_private as private
+from keras_posenc.backend.lazy import tricks  # noqa: F401  re-exported: the attention call asks it
 
 
 def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):

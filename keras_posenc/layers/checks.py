@@ -3,7 +3,7 @@
 Constructor arguments are checked for their type as well as their value: `"False"` is not a
 bool and `1.9` is not an axis, so neither is coerced into a plausible setting. Values that
 may only be known while a graph runs (positions, start indices) go through the backend's
-`tricks().check` (`keras_posenc.positions`), which raises now when it can.
+`tricks().check` (`keras_posenc.tables.positions`), which raises now when it can.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc._host_integers import RefusesHostIntegersPastInt32
-from keras_posenc._rope_options import ROPE_DEFAULTS
-from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention
+from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
+from keras_posenc.layers.rope_options import ROPE_DEFAULTS
+from keras_posenc.layers.rotary_group_query_attention import RotaryGroupQueryAttention
 
 # The attention's RoPE options this block takes.
 ROPE_NAMES = ("rope_max_wavelength", "rope_layout", "rope_dim", "rope_scaling")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.layers.decoder_block import DecoderBlock
 
 
 def decoder_models(

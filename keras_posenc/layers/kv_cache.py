@@ -3,7 +3,7 @@
 A cache is `(batch, 2, max_length, num_key_value_heads, head_dim)`, keys (rotated) and
 values; a call writes its new tokens at `cache_update_index` and keeps every shape static.
 Written in `keras.ops` for every backend; what differs between them comes from `tricks()`
-(`keras_posenc._lazy`): values known while tracing, graph assertions, the kind of write.
+(`keras_posenc.backend.lazy`): values known while tracing, graph assertions, the kind of write.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._attend import chunk_of, tricks
+from keras_posenc.layers.attend import chunk_of, tricks
 
 
 def _dtype(x) -> str:

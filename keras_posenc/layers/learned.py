@@ -5,13 +5,17 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_private
-from keras_posenc._checks import checked_call_input, checked_float_policy, checked_positive_int
-from keras_posenc._host_integers import RefusesHostIntegersPastInt32
-from keras_posenc._lazy import tricks
-from keras_posenc.positions import position_rows, static_dim
-from keras_posenc.rows import TableRows
-from keras_posenc.sinusoidal import SinusoidalInitializer
+from keras_posenc.backend import keras_private
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.layers.checks import (
+    checked_call_input,
+    checked_float_policy,
+    checked_positive_int,
+)
+from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
+from keras_posenc.layers.sinusoidal import SinusoidalInitializer
+from keras_posenc.tables.positions import position_rows, static_dim
+from keras_posenc.tables.rows import TableRows
 
 _LIMIT_HINT = (
     "build the layer with a larger max_length, or call "
@@ -138,7 +142,7 @@ class LearnedPositionalEmbedding(RefusesHostIntegersPastInt32, keras.layers.Laye
         weight = (where - below)[:, None]
         new = (1.0 - weight) * old[below] + weight * old[above]
 
-        self.embeddings = _keras_private.replace_weight(
+        self.embeddings = keras_private.replace_weight(
             self, self.embeddings, lambda: self._add_table(new_max_length, old.shape[1], "zeros")
         )
         self.embeddings.assign(new.astype(self.embeddings.dtype))

@@ -17,7 +17,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._checks import (
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
+from keras_posenc.layers.checks import (
     checked_axis,
     checked_bool,
     checked_call_input,
@@ -27,14 +29,12 @@ from keras_posenc._checks import (
     checked_max_wavelength,
     rank_of,
 )
-from keras_posenc._host_integers import RefusesHostIntegersPastInt32
-from keras_posenc._lazy import tricks
-from keras_posenc._scope import rotation_scope
-from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
-from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
-from keras_posenc.positions import position_rows, rows_of_run, static_dim
+from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
+from keras_posenc.layers.rotation_scope import rotation_scope
 from keras_posenc.rope import check_shared_keys, checked_scaling, rope_parameters
-from keras_posenc.rotary_tables import (  # noqa: F401  swap_pairs, rotation_table: re-exported
+from keras_posenc.tables.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
+from keras_posenc.tables.positions import position_rows, rows_of_run, static_dim
+from keras_posenc.tables.rotary import (  # noqa: F401  swap_pairs, rotation_table: re-exported
     channel_tables,
     rotation_rows,
     rotation_table,
@@ -262,7 +262,7 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         run_only = positions is None and (mask is None or not self.positions_from_mask)
         if run_only and self._axes == 1 and not t.in_xla_context():
             # The rows of a run depend on the table, the start and the length alone: one
-            # function of a SavedModel serves every layer (`_tf.shared_while_stored`).
+            # function of a SavedModel serves every layer (`tf_backend.shared_while_stored`).
             # (Outside XLA the rotation follows the rows whatever `rows_fuse_into_rotation`.)
             run = t.shared_while_stored(
                 self._table,
@@ -307,7 +307,7 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         cos_table, sin_table, per_batch = tables
         t = tricks()
         wide = t.accumulation_dtype(inputs.dtype)
-        # The ONNX passes find the rotation by this name scope on its nodes (`_scope`).
+        # The ONNX passes find the rotation by this name scope on its nodes (`rotation_scope`).
         marker = rotation_scope(
             self.layout, rank_of(inputs), self._sequence_axis, self._feature_axis, per_batch
         )

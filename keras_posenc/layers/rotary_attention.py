@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import keras
 
-from keras_posenc import _keras_private as private
-from keras_posenc._rope_options import ROPE_DEFAULTS, renamed_rope_options
-from keras_posenc._rotary_attention import RotaryAttention
+from keras_posenc.backend import keras_private as private
+from keras_posenc.layers.rope_options import ROPE_DEFAULTS, renamed_rope_options
+from keras_posenc.layers.rotary_attention_call import RotaryAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -50,7 +50,7 @@ class RotaryMultiHeadAttention(RotaryAttention, keras.layers.MultiHeadAttention)
             cache, from `cache_mask`.
         query_key_norm: normalize each layer's projected queries and keys (Qwen3, OLMo 2,
             Gemma 3, EXAONE 4, Llama 4, ...): None (none), or one of
-            `keras_posenc.query_key_norm.QUERY_KEY_NORMS`: `"rms_per_head"` (an RMSNorm
+            `keras_posenc.layers.query_key_norm.QUERY_KEY_NORMS`: `"rms_per_head"` (an RMSNorm
             over each head's channels, one scale shared by the heads), `"gemma_rms_per_head"`
             (the same times `1 + scale`), `"rms_across_heads"` (one RMSNorm over all the
             heads' channels, a scale per channel, as OLMo 2), all before RoPE;

@@ -16,10 +16,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc import _keras_private as private
-from keras_posenc._attend import attend, tempered, tricks, within_chunks
-from keras_posenc._host_integers import RefusesHostIntegersPastInt32
-from keras_posenc._kv_cache import (
+from keras_posenc.backend import keras_private as private
+from keras_posenc.layers.attend import attend, tempered, tricks, within_chunks
+from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
+from keras_posenc.layers.kv_cache import (
     checked_attention_mask,
     checked_batches,
     checked_cache,
@@ -32,15 +32,15 @@ from keras_posenc._kv_cache import (
     visible_slots,
     written,
 )
-from keras_posenc._rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_rope_options: re-exported
+from keras_posenc.layers.query_key_norm import QueryKeyNorm, checked_query_key_norm, is_after_rope
+from keras_posenc.layers.rope_options import (  # noqa: F401  ROPE_DEFAULTS, renamed_rope_options: re-exported
     OLD_ROPE_NAMES,
     ROPE_DEFAULTS,
     ROPE_OPTIONS,
     is_nope,
     renamed_rope_options,
 )
-from keras_posenc.query_key_norm import QueryKeyNorm, checked_query_key_norm, is_after_rope
-from keras_posenc.rotary import RotaryEmbedding
+from keras_posenc.layers.rotary import RotaryEmbedding
 
 
 class RotaryAttention(RefusesHostIntegersPastInt32):
@@ -48,8 +48,8 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
 
     Listed before the Keras base class, it replaces the base's `call` and adds the rotary
     part to its `build` and `get_config`; the base keeps its weights, masks
-    (`attention_mask`) and softmax, reached through `keras_posenc._keras_private`. The call
-    is `keras.ops` on every backend, a backend's differences behind `_lazy.tricks()`.
+    (`attention_mask`) and softmax, reached through `keras_posenc.backend.keras_private`. The call
+    is `keras.ops` on every backend, a backend's differences behind `lazy.tricks()`.
     A subclass defines `_head_counts() -> (num_query_heads, num_key_value_heads, key_dim,
     value_dim)`, `_scale()`, `_window()` (the sliding window or None) and `_uses_gate()`.
     """
@@ -77,13 +77,13 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         )
         return cls(**{**arguments, **overrides})
 
-    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `_attend`. The
+    # Llama 4's options (`RotaryGroupQueryAttention` takes them): see `attend`. The
     # sublayers (`query_temperature`, `query_norm`, `key_norm`) are set on each layer in
     # `_init_*`, never given a class-level default: on torch a Keras layer is a
     # `torch.nn.Module`, which keeps sublayers apart from the instance's attributes, and a
     # class attribute of the same name would hide them (reading None).
     attention_chunk_size = None
-    # The query / key norms (`keras_posenc.query_key_norm`); their layers are made in build.
+    # The query / key norms (`keras_posenc.layers.query_key_norm`); their layers are made in build.
     query_key_norm = None
     query_key_norm_epsilon = 1e-6
 
@@ -394,7 +394,7 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         )
         query_heads = tempered(query_heads, self.query_temperature, index)
         if valid is not None:
-            # In every graph, not only where assertions are dropped (`_tf.nan_unless`):
+            # In every graph, not only where assertions are dropped (`tf_backend.nan_unless`):
             # the select covers the new tokens only, and an exported graph stays safe
             # whichever way it was traced (under `jax.jit`, the traced checks' answer).
             query_heads, key_heads, value_heads = (

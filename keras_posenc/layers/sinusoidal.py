@@ -5,19 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import layouts
-from keras_posenc._checks import (
-    checked_call_input,
-    checked_choice,
-    checked_even_width,
-    checked_float_policy,
-    checked_int,
-    checked_max_wavelength,
-    checked_positive_int,
-)
-from keras_posenc._host_integers import RefusesHostIntegersPastInt32
-from keras_posenc._lazy import tricks
-from keras_posenc.axes import AxesRows, AxisPairs
+from keras_posenc.backend.lazy import tricks
 from keras_posenc.frequencies import (
     FREQUENCY_SPACINGS,
     MAX_POSITIONS,
@@ -27,7 +15,19 @@ from keras_posenc.frequencies import (
     inverse_frequencies,
     position_table,
 )
-from keras_posenc.positions import position_rows, static_dim
+from keras_posenc.layers.checks import (
+    checked_call_input,
+    checked_choice,
+    checked_even_width,
+    checked_float_policy,
+    checked_int,
+    checked_max_wavelength,
+    checked_positive_int,
+)
+from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
+from keras_posenc.tables import layouts
+from keras_posenc.tables.axes import AxesRows, AxisPairs
+from keras_posenc.tables.positions import position_rows, static_dim
 
 LAYOUTS = ("interleaved", "concat")
 

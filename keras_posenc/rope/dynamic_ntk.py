@@ -28,7 +28,7 @@ import math
 import numpy as np
 from keras import ops
 
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
 
 
 def two_words(values) -> tuple[np.ndarray, np.ndarray]:

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from keras import ops
 
-from keras_posenc._checks import checked_positive_int, is_int
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
 from keras_posenc.frequencies import FrequencyTable
+from keras_posenc.layers.checks import checked_positive_int, is_int
 from keras_posenc.rope import rope_parameters
-from keras_posenc.rows import as_rows
+from keras_posenc.tables.rows import as_rows
 
 # --------------------------------------------------------------------------------------
 # Coordinates

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
 
 
 class HostConstant:

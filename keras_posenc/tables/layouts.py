@@ -3,7 +3,8 @@
 One definition serves the host tables (numpy, on the float64 values before their one
 rounding) and the rows JAX and PyTorch compute in their graphs (`keras.ops`): `xp` is
 either, whose `stack`, `concatenate`, `split` and `reshape` agree. TensorFlow's graphs lay
-the rows out with their own ops, shaped for the converters (`keras_posenc._tf.encoding`,
+the rows out with their own ops, shaped for the converters
+(`keras_posenc.backend.tensorflow.encoding`,
 `channel_tables`); the values are the same, the moves being exact.
 """
 

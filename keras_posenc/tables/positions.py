@@ -21,9 +21,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._checks import rank_of
-from keras_posenc._lazy import tricks
-from keras_posenc.rows import as_rows
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.layers.checks import rank_of
+from keras_posenc.tables.rows import as_rows
 
 
 class RowTable(Protocol):
@@ -285,7 +285,7 @@ def rows_of_run(
     table: RowTable, length, start_index, *, limit: int, limit_hint: str, traced=None
 ) -> tuple:
     """The checked rows of positions `start_index .. start_index + length - 1`: `position_rows`
-    for a run, as one function of `(length, start_index)` (`_tf.shared_while_stored`)."""
+    for a run, as one function of `(length, start_index)` (`tf_backend.shared_while_stored`)."""
     return tuple(
         position_rows(
             table, length, None, start_index, limit=limit, limit_hint=limit_hint, traced=traced

@@ -1,6 +1,6 @@
 """RoPE's rows: the tables `(C, S)` per channel, the channel swap, the frequencies of a scaling.
 
-`RotaryEmbedding` computes `y = x·C + swap(x)·S` (`keras_posenc.rotary`); this module makes
+`RotaryEmbedding` computes `y = x·C + swap(x)·S` (`keras_posenc.layers.rotary`); this module makes
 what it multiplies with. `C = cos` and `S = ∓sin` (minus on a pair's first channel) per
 channel come ready from the shared frequency table; a scaling that switches frequencies
 by the total length (`longrope`, `dynamic`) gets a `SwitchByLength` between two sources
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc import layouts
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
 from keras_posenc.frequencies import FrequencyTable, PositionTable, position_table
 from keras_posenc.rope import DynamicRows, SwitchByLength, rope_parameters
+from keras_posenc.tables import layouts
 
 
 def channel_tables(layout: str, sin, cos) -> tuple:
     """`(C, S)` per channel from `(sin, cos)` per pair, both `(..., rotary_dim)`, in the
-    backend's ops (`keras_posenc.layouts.channel_tables` for the host tables)."""
+    backend's ops (`keras_posenc.tables.layouts.channel_tables` for the host tables)."""
     return tricks().channel_tables(layout, sin, cos)
 
 
@@ -86,7 +86,7 @@ def scaled_inverse_frequencies(
     if past_switch and parameters.long_inverse_frequencies is not None:
         return parameters.long_inverse_frequencies
     if past_switch and parameters.dynamic_factor is not None:
-        from keras_posenc.dynamic_ntk import DynamicFrequencies
+        from keras_posenc.rope.dynamic_ntk import DynamicFrequencies
 
         return DynamicFrequencies(
             parameters.inverse_frequencies, parameters.dynamic_factor, parameters.switch_length

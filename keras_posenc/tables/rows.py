@@ -12,7 +12,7 @@ below its `limit` from the split tables (`computed`). For a run `start .. start 
 - where no rows exist past the ready ones (a learned table, or an export's bound within
   them), a clamped start or `length` clamped rows: a run past the end still gives `length`
   rows, which its caller poisons (NaN) where nothing can raise;
-- while an export is traced with a bound (TensorFlow: `_tf.positions_bounded`), a check
+- while an export is traced with a bound (TensorFlow: `tf_backend.positions_bounded`), a check
   that the run ends at or below it, and only the rows below it;
 - for a run of a length unknown while tracing on JAX (`jax.export`), gathers, chosen at
   run time.
@@ -20,7 +20,7 @@ below its `limit` from the split tables (`computed`). For a run `start .. start 
 Explicit positions (`gathered_rows`) take the same bound. What the checks of the positions
 themselves are (`start_index >= 0`, below the layer's limit) is `positions`' part; how a
 backend runs a slice, a run-time choice or a poisoned row in each mode is its tricks'
-(`tricks()`: `keras_posenc._tf`, `keras_posenc._keras_ops`).
+(`tricks()`: `keras_posenc.backend.tensorflow`, `keras_posenc.backend.keras_ops`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import numpy as np
 from keras import ops
 
-from keras_posenc._host_constant import HostConstant
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.tables.host_constant import HostConstant
 
 
 def as_rows(*rows) -> tuple:

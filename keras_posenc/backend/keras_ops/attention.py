@@ -1,9 +1,9 @@
 """What the attention layers' shared call needs of JAX and PyTorch.
 
-`keras_posenc._kv_cache`, `_attend` and `_rotary_attention` are written once, in
+`keras_posenc.layers.kv_cache`, `attend` and `rotary_attention_call` are written once, in
 `keras.ops`; they ask the backend's tricks module for what differs, under the names
-`keras_posenc._tf.attention` gives TensorFlow's answers. Shapes are static here; a value
-is known unless traced.
+`keras_posenc.backend.tensorflow.attention` gives TensorFlow's answers. Shapes are static here; a
+value is known unless traced.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def writes_in_place() -> bool:
 
 
 def positions_of_padding(mask, start_index=0):
-    """A padded row's positions (`keras_posenc.positions.positions_from_mask`): `start_index
+    """A padded row's positions (`keras_posenc.tables.positions.positions_from_mask`): `start_index
     + cumsum(mask) - 1`, clamped at `start_index`. A bad start known now raises; a traced
     one gives negative positions, which the rotation then poisons."""
-    from keras_posenc.positions import positions_from_mask
+    from keras_posenc.tables.positions import positions_from_mask
 
     return positions_from_mask(mask, start_index)

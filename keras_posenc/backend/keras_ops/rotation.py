@@ -1,6 +1,6 @@
 """What RoPE's rotation and the additive encodings need of JAX and PyTorch.
 
-The names of `keras_posenc._tf.rotation`: the dtype the layers combine in (float32 or
+The names of `keras_posenc.backend.tensorflow.rotation`: the dtype the layers combine in (float32 or
 wider, rounded once), the channel swap's form, and what TensorFlow's graphs need that
 these do not (a name scope for the ONNX passes, static shapes for the converters).
 """
@@ -13,11 +13,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc import layouts
+from keras_posenc.tables import layouts
 
 
 def accumulation_dtype(dtype) -> str:
-    """float32 for float16 / bfloat16, else the dtype itself (as `_tf.accumulation_dtype`)."""
+    """float32 for float16 / bfloat16, else the dtype itself (as
+    `tf_backend.accumulation_dtype`)."""
     dtype = keras.backend.standardize_dtype(dtype)
     return "float32" if dtype in ("float16", "bfloat16") else dtype
 
@@ -36,7 +37,7 @@ def reshape(x, shape):
     return ops.reshape(x, shape)
 
 
-# As `_tf.XLA_CPU_CONCAT_SWAP_BYTES`: under XLA:CPU a concat of the pairs' halves beats a
+# As `tf_backend.XLA_CPU_CONCAT_SWAP_BYTES`: under XLA:CPU a concat of the pairs' halves beats a
 # flip while input and output stay in the last-level cache, and loses beyond it
 # (`python -m benchmarks --backend jax`: rotary 8x512x8x64 and 1x4096x32x128).
 XLA_CPU_CONCAT_SWAP_BYTES = 8 * 2**20
@@ -64,7 +65,7 @@ def swap_form(x) -> str:
 
 def rows_fuse_into_rotation(form: str) -> bool:
     """Whether a rotation runs inside the branches that choose its rows at run time: a
-    concat swap does not keep its speed there (as `_tf.rows_fuse_into_rotation`): the
+    concat swap does not keep its speed there (as `tf_backend.rows_fuse_into_rotation`): the
     rows, far smaller than the input, come out."""
     return form != "concat"
 

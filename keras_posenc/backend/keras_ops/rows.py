@@ -1,4 +1,5 @@
-"""What the encoder layers' rows need of JAX and PyTorch: `keras_posenc._tf.rows`' names.
+"""What the encoder layers' rows need of JAX and PyTorch: `keras_posenc.backend.tensorflow.rows`'
+names.
 
 A start or positions known now are checked now, with TensorFlow's messages; traced ones
 (`jax.jit`, or torch's meta tensors while Keras infers shapes) are clamped into the tables
@@ -17,7 +18,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc._keras_ops.values import static_value
+from keras_posenc.backend.keras_ops.values import static_value
 
 # Runs of at most this many row values take both sources and a `where` instead of a
 # conditional (`python -m benchmarks --backend jax`: the 1x16x64 cases, tensor start).
@@ -39,7 +40,7 @@ def check(predicate, values: list, message, error=ValueError):
 
 
 def _conjunction(verdicts: Sequence):
-    from keras_posenc.positions import both
+    from keras_posenc.tables.positions import both
 
     valid = True
     for verdict in verdicts:
@@ -81,7 +82,7 @@ def _int32_saturated(x):
 
 
 def as_int32_positions(x):
-    """Integers as int32, saturated (as `_tf.as_int32_positions`)."""
+    """Integers as int32, saturated (as `tf_backend.as_int32_positions`)."""
     return _int32_saturated(ops.convert_to_tensor(x))
 
 
@@ -127,7 +128,7 @@ def choose_at_run_time(predicate, if_true, if_false, combine: Callable, unknown:
     conditional under XLA (the sizes are read from the rows of `if_true`, slices whose
     trace is dropped when unused). Otherwise `keras.ops.cond` with `combine` inside each
     branch, so that XLA fuses the row lookup into it instead of writing the rows out (as
-    `_tf.choose_at_run_time` under XLA). The computed rows must not fuse into `combine`:
+    `tf_backend.choose_at_run_time` under XLA). The computed rows must not fuse into `combine`:
     XLA would compute them again for every batch row and head. A conditional is a fusion
     boundary (XLA:CPU drops an optimization barrier before fusing), so they come out of
     one (on `unknown()`, any bool XLA cannot fold).
@@ -164,7 +165,7 @@ def int_array(values):
 
 
 # --------------------------------------------------------------------------------------
-# Ops `_tf` gives its own where `keras.ops` would change TensorFlow's exported graphs
+# Ops `tensorflow` gives its own where `keras.ops` would change TensorFlow's exported graphs
 
 
 def read(table):

@@ -1,4 +1,5 @@
-"""The values of the encoder layers' rows on JAX and PyTorch: `keras_posenc._tf.tables`' names.
+"""The values of the encoder layers' rows on JAX and PyTorch:
+`keras_posenc.backend.tensorflow.tables`' names.
 
 The same operands and arithmetic as TensorFlow's graphs (so the same numbers: the split
 tables' products, the fixed-point sum of `exact_sin_cos`), in `keras.ops`; a run from a
@@ -14,12 +15,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_posenc import layouts
-from keras_posenc._host_constant import HostConstant
-from keras_posenc._keras_ops.values import is_traced
-from keras_posenc.dynamic_ntk import fixed_point_turns
+from keras_posenc.backend.keras_ops.values import is_traced
+from keras_posenc.rope.dynamic_ntk import fixed_point_turns
+from keras_posenc.tables import layouts
+from keras_posenc.tables.host_constant import HostConstant
 
-_TURN = 2**32  # one turn, as in `keras_posenc._tf.exact_sin_cos`
+_TURN = 2**32  # one turn, as in `keras_posenc.backend.tensorflow.exact_sin_cos`
 
 
 def one_call_eagerly(function: Callable) -> Callable:
@@ -45,7 +46,7 @@ def run_sin_cos(frequencies, start, length, top: int, below: int | None):
     than slices. Otherwise the gathers of `sin_cos`.
     """
     from keras_posenc.frequencies import CACHED_POSITIONS
-    from keras_posenc.rows import clamped_run
+    from keras_posenc.tables.rows import clamped_run
 
     if isinstance(start, (int, np.integer)) or length > CACHED_POSITIONS:
         return frequencies.sin_cos(clamped_run(start, length, top), below=below)
@@ -89,7 +90,7 @@ def _run_by_slices(frequencies, start, length: int):
 
 
 def dynamic_words(narrow: Callable, wide: Callable, scaled, unscaled: tuple) -> tuple:
-    """`_tf.dynamic_words` here: under `jax.jit` (a traced `scaled`) a `jax.lax.cond`
+    """`tf_backend.dynamic_words` here: under `jax.jit` (a traced `scaled`) a `jax.lax.cond`
     between `narrow()` and the host words `unscaled`, which also keeps `narrow` out of the
     fused kernels of the rows; elsewhere plain `narrow()` (`wide`, float64, is for
     TensorFlow's plain graphs)."""
@@ -103,7 +104,7 @@ def dynamic_words(narrow: Callable, wide: Callable, scaled, unscaled: tuple) -> 
 
 
 def exact_sin_cos(positions, turns: tuple):
-    """`_tf.exact_sin_cos` here: the same int32 fixed-point product, so the same angles
+    """`tf_backend.exact_sin_cos` here: the same int32 fixed-point product, so the same angles
     (int32 arithmetic wraps modulo 2^32, a turn, on every backend)."""
     whole, rest = fixed_point_turns(
         *(ops.cast(t, "float32") for t in turns), ops.round, lambda x: ops.cast(x, "int32")
@@ -116,7 +117,7 @@ def exact_sin_cos(positions, turns: tuple):
 
 
 # --------------------------------------------------------------------------------------
-# The layouts of the rows (`keras_posenc.layouts` in `keras.ops`)
+# The layouts of the rows (`keras_posenc.tables.layouts` in `keras.ops`)
 
 
 def encoding(layout: str, sin, cos, axes: int = 1):

@@ -1,4 +1,5 @@
-"""The graph being traced on JAX and PyTorch: the names of `keras_posenc._tf.tracing`.
+"""The graph being traced on JAX and PyTorch: the names of
+`keras_posenc.backend.tensorflow.tracing`.
 
 JAX compiles what it traces with XLA, where nothing asserts; exports with a bound on the
 positions and SavedModels that store each table once are TensorFlow's.
@@ -30,10 +31,12 @@ def traced_constant(owner, key: tuple, array: Callable[[], np.ndarray]):
 
 
 def shared_while_stored(owner, key: tuple, compute: Callable) -> Callable:
-    """`compute`: a SavedModel is TensorFlow's (`keras_posenc._tf.shared_while_stored`)."""
+    """`compute`: a SavedModel is TensorFlow's
+    (`keras_posenc.backend.tensorflow.shared_while_stored`)."""
     return compute
 
 
 def position_bound() -> None:
-    """None: bounds are for TensorFlow's exports (`keras_posenc._tf.positions_bounded`)."""
+    """None: bounds are for TensorFlow's exports
+    (`keras_posenc.backend.tensorflow.positions_bounded`)."""
     return None

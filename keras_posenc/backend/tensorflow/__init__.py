@@ -5,7 +5,7 @@ TensorFlow run them at the memory floor in every mode and keep the graphs it exp
 the rows need (`rows`), what the rotation and the additive encodings need (`rotation`),
 what the attention layers need (`attention`), the graph being traced (XLA, an export's
 bound, a converter: `tracing`) and the few private APIs the package touches (`private`).
-`keras_posenc._keras_ops` gives the same names for JAX and PyTorch; `_lazy.tricks()` is
+`keras_posenc.backend.keras_ops` gives the same names for JAX and PyTorch; `lazy.tricks()` is
 the backend's one. The benchmark cases that justify each trick are named
 (`python -m benchmarks`, see docs/benchmarks.md); if a TensorFlow release makes a case fast
 without the trick, the trick can go.
@@ -13,12 +13,9 @@ without the trick, the trick can go.
 
 from __future__ import annotations
 
-# A host array as a graph constant (defined without TensorFlow: every backend's tables hold it).
-from keras_posenc._host_constant import HostConstant  # noqa: F401
-
 # What the attention layers' shared call asks of this backend (see `attention`; the same
-# names are in `keras_posenc._keras_ops` for JAX and PyTorch).
-from keras_posenc._tf.attention import (  # noqa: F401
+# names are in `keras_posenc.backend.keras_ops` for JAX and PyTorch).
+from keras_posenc.backend.tensorflow.attention import (  # noqa: F401
     asserted,
     positions_of_padding,
     run_time_shape,
@@ -28,7 +25,7 @@ from keras_posenc._tf.attention import (  # noqa: F401
 )
 
 # The private TensorFlow and Keras APIs, each behind a named function (see `private`).
-from keras_posenc._tf.private import (  # noqa: F401
+from keras_posenc.backend.tensorflow.private import (  # noqa: F401
     AutoTrackable,
     all_layers,
     attention_mask,
@@ -48,7 +45,7 @@ from keras_posenc._tf.private import (  # noqa: F401
 )
 
 # What the rotation and the additive encodings ask of this backend (see `rotation`).
-from keras_posenc._tf.rotation import (  # noqa: F401
+from keras_posenc.backend.tensorflow.rotation import (  # noqa: F401
     accumulation_dtype,
     add_rounded_once,
     cast,
@@ -62,7 +59,7 @@ from keras_posenc._tf.rotation import (  # noqa: F401
 )
 
 # What the rows ask of this backend (see `rows`).
-from keras_posenc._tf.rows import (  # noqa: F401
+from keras_posenc.backend.tensorflow.rows import (  # noqa: F401
     after,
     as_int32_positions,
     as_positions,
@@ -84,7 +81,7 @@ from keras_posenc._tf.rows import (  # noqa: F401
 )
 
 # The values of the rows in the graph: the split tables, dynamic NTK, layouts (`tables`).
-from keras_posenc._tf.tables import (  # noqa: F401
+from keras_posenc.backend.tensorflow.tables import (  # noqa: F401
     channel_tables,
     dynamic_words,
     encoding,
@@ -94,7 +91,7 @@ from keras_posenc._tf.tables import (  # noqa: F401
 )
 
 # The graph being traced: where it runs and what it is for (see `tracing`).
-from keras_posenc._tf.tracing import (  # noqa: F401
+from keras_posenc.backend.tensorflow.tracing import (  # noqa: F401
     assertions_dropped,
     in_xla_context,
     position_bound,
@@ -107,4 +104,7 @@ from keras_posenc._tf.tracing import (  # noqa: F401
 )
 
 # Values known while tracing, or only at run time (see `values`).
-from keras_posenc._tf.values import is_symbolic, is_traced, static_value  # noqa: F401
+from keras_posenc.backend.tensorflow.values import is_symbolic, is_traced, static_value  # noqa: F401
+
+# A host array as a graph constant (defined without TensorFlow: every backend's tables hold it).
+from keras_posenc.tables.host_constant import HostConstant  # noqa: F401

@@ -1,19 +1,19 @@
 """What the attention layers' shared call needs of TensorFlow: the few places it differs.
 
-`keras_posenc._kv_cache`, `_attend` and `_rotary_attention` are written once, in
+`keras_posenc.layers.kv_cache`, `attend` and `rotary_attention_call` are written once, in
 `keras.ops`; where TensorFlow needs its own op to keep its graphs (and their exports) as
 they are, or has something no other backend has (values known while tracing, graph
 assertions, a `tf.function` traced with or without XLA), they ask the backend's tricks
-module: this one (re-exported by `keras_posenc._tf`), or `keras_posenc._keras_ops` on JAX
-and PyTorch, which has the same names.
+module: this one (re-exported by `keras_posenc.backend.tensorflow`), or
+`keras_posenc.backend.keras_ops` on JAX and PyTorch, which has the same names.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_posenc._tf.tracing import in_xla_context
-from keras_posenc._tf.values import static_value  # noqa: F401  the attention call asks it
+from keras_posenc.backend.tensorflow.tracing import in_xla_context
+from keras_posenc.backend.tensorflow.values import static_value  # noqa: F401  the attention call asks it
 
 
 def asserted(condition, message: list):
@@ -49,7 +49,7 @@ def writes_in_place() -> bool:
 
 
 def positions_of_padding(mask, start_index=0):
-    """`keras_posenc.positions.positions_from_mask`: a padded row's positions, checked."""
-    from keras_posenc.positions import positions_from_mask
+    """`keras_posenc.tables.positions.positions_from_mask`: a padded row's positions, checked."""
+    from keras_posenc.tables.positions import positions_from_mask
 
     return positions_from_mask(mask, start_index)

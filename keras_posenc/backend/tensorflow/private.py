@@ -2,7 +2,7 @@
 
 Nothing else in the package imports `tensorflow.python` or reads a `_`-attribute of a
 TensorFlow object (Keras's private parts, which every backend uses, are in
-`keras_posenc._keras_private`, re-exported here): when a release moves one of these, this
+`keras_posenc.backend.keras_private`, re-exported here): when a release moves one of these, this
 is the one file to change. Each says why no public API serves.
 """
 
@@ -25,7 +25,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from tensorflow.python.ops import control_flow_util
 from tensorflow.python.util import nest
 
-from keras_posenc._keras_private import (  # noqa: F401  re-exported
+from keras_posenc.backend.keras_private import (  # noqa: F401  re-exported
     all_layers,
     attention_mask,
     attention_part,

@@ -3,7 +3,8 @@
 `RotaryEmbedding`, `SinusoidalPositionalEncoding` and `LearnedPositionalEmbedding` are
 written once for every backend; the dtype they combine in, the channel swap's form and
 the static shapes of their outputs are TensorFlow's here (re-exported by
-`keras_posenc._tf`) and JAX's / PyTorch's in `keras_posenc._keras_ops.rotation`.
+`keras_posenc.backend.tensorflow`) and JAX's / PyTorch's in
+`keras_posenc.backend.keras_ops.rotation`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import layouts
-from keras_posenc._tf.rows import int_array
-from keras_posenc._tf.tracing import in_xla_context, xla_on_cpu
+from keras_posenc.backend.tensorflow.rows import int_array
+from keras_posenc.backend.tensorflow.tracing import in_xla_context, xla_on_cpu
+from keras_posenc.tables import layouts
 
 # --------------------------------------------------------------------------------------
 # Dtypes
@@ -118,7 +119,7 @@ def split_channels(x: tf.Tensor, size: int, axis: int) -> tuple[tf.Tensor, tf.Te
 
 
 def rotation_name_scope(name: str):
-    """The name scope a rotation's ops carry, for the ONNX passes to find (`_scope`)."""
+    """The name scope a rotation's ops carry, for the ONNX passes to find (`rotation_scope`)."""
     return tf.name_scope(name)
 
 

@@ -1,11 +1,12 @@
 """What the encoder layers' rows need of TensorFlow: the few places it differs.
 
-The rows are read once for every backend (`keras_posenc.positions`, `rows`, `frequencies`,
+The rows are read once for every backend (`keras_posenc.tables.positions`, `rows`, `frequencies`,
 `rope_scaling`, `axes`), in `keras.ops`. Where TensorFlow needs its own op to keep its
 graphs (and their ONNX / LiteRT exports) as they are, or has something the other backends
 have not (values known while tracing, graph assertions, XLA or not, an export's bound),
-that code asks the backend's tricks module: this one (re-exported by `keras_posenc._tf`),
-or `keras_posenc._keras_ops` on JAX and PyTorch, which has the same names. The benchmark
+that code asks the backend's tricks module: this one (re-exported by
+`keras_posenc.backend.tensorflow`), or `keras_posenc.backend.keras_ops` on JAX and PyTorch, which
+has the same names. The benchmark
 cases that justify a trick are named (`python -m benchmarks`, see docs/benchmarks.md).
 """
 
@@ -16,9 +17,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc._tf.private import xla
-from keras_posenc._tf.tracing import assertions_dropped, in_xla_context
-from keras_posenc.rows import as_rows
+from keras_posenc.backend.tensorflow.private import xla
+from keras_posenc.backend.tensorflow.tracing import assertions_dropped, in_xla_context
+from keras_posenc.tables.rows import as_rows
 
 # --------------------------------------------------------------------------------------
 # Checks, poison

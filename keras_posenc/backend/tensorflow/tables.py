@@ -1,9 +1,10 @@
 """The values of the encoder layers' rows in TensorFlow's graphs: what they are made of.
 
 The split tables' lookup of any position, the fixed-point rotation of frequencies known
-only at run time (dynamic NTK, `keras_posenc.dynamic_ntk`), and the layouts of the rows,
+only at run time (dynamic NTK, `keras_posenc.rope.dynamic_ntk`), and the layouts of the rows,
 in ops shaped for the converters.
-Re-exported by `keras_posenc._tf`; `keras_posenc._keras_ops.tables` has the same names.
+Re-exported by `keras_posenc.backend.tensorflow`; `keras_posenc.backend.keras_ops.tables` has the
+same names.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc.dynamic_ntk import fixed_point_turns
+from keras_posenc.rope.dynamic_ntk import fixed_point_turns
 
 # --------------------------------------------------------------------------------------
 # Rows of the split tables, and of frequencies made in the graph
@@ -38,7 +39,7 @@ def _eager_function(function: Callable) -> Callable:
 def run_sin_cos(frequencies, start, length, top: int, below: int | None):
     """`frequencies.sin_cos` of the run `start .. start + length - 1`, clamped below `top`:
     gathers from the split tables (their rows below `below`)."""
-    from keras_posenc.rows import clamped_run
+    from keras_posenc.tables.rows import clamped_run
 
     return frequencies.sin_cos(clamped_run(start, length, top), below=below)
 
@@ -59,7 +60,7 @@ def dynamic_words(narrow: Callable, wide: Callable, scaled, unscaled: tuple) -> 
     - Eagerly, and in graphs traced for a converter (whose files then hold no control
       flow, and LiteRT no float64 `Exp` / `Log`), plain `narrow()`.
     """
-    from keras_posenc._tf.tracing import assertions_dropped, in_xla_context
+    from keras_posenc.backend.tensorflow.tracing import assertions_dropped, in_xla_context
 
     if tf.executing_eagerly() or (assertions_dropped() and not in_xla_context()):
         return narrow()
@@ -77,7 +78,7 @@ def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Ten
 
     For frequencies made inside the graph (dynamic NTK scaling), where no host table can
     exist. `turns` is the frequency in turns per position (`ω / 2π`) as two float32
-    words `(hi, lo)`, below 1 (`keras_posenc.dynamic_ntk`). The angle is a count of 2^-32
+    words `(hi, lo)`, below 1 (`keras_posenc.rope.dynamic_ntk`). The angle is a count of 2^-32
     turns: the product of the position with the frequency's whole count of them, in int32
     arithmetic, which wraps modulo 2^32 (a turn: what wraps is whole turns) and which no
     graph optimizer can reorder, plus the product with the frequency's fraction of one,
@@ -105,7 +106,7 @@ def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Ten
 
 
 # --------------------------------------------------------------------------------------
-# The layouts of the rows, in the graph (the host tables: `keras_posenc.layouts`)
+# The layouts of the rows, in the graph (the host tables: `keras_posenc.tables.layouts`)
 
 
 def _interleave(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
@@ -121,7 +122,7 @@ def _concat(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
 
 
 def encoding(layout: str, sin: tf.Tensor, cos: tf.Tensor, axes: int = 1) -> tf.Tensor:
-    """`keras_posenc.layouts.encoding` in TensorFlow's ops, shaped for the converters."""
+    """`keras_posenc.tables.layouts.encoding` in TensorFlow's ops, shaped for the converters."""
     lay_out = _interleave if layout == "interleaved" else _concat
     if axes == 1:
         return lay_out(sin, cos)
@@ -130,7 +131,7 @@ def encoding(layout: str, sin: tf.Tensor, cos: tf.Tensor, axes: int = 1) -> tf.T
 
 
 def channel_tables(layout: str, sin: tf.Tensor, cos: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`keras_posenc.layouts.channel_tables` in TensorFlow's ops: RoPE's `(C, S)`."""
+    """`keras_posenc.tables.layouts.channel_tables` in TensorFlow's ops: RoPE's `(C, S)`."""
     # A non-negative stacking axis: tf2onnx resolves a negative one from the rank, which
     # it does not know inside a conditional's branch.
     pair_axis = sin.shape.rank - 1 if layout == "half" else sin.shape.rank

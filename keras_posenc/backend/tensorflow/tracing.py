@@ -2,7 +2,7 @@
 
 What an export or a converter sets while it traces (`tables_stored_once`,
 `positions_bounded`, `tracing_for_a_converter`) and what the layers' graphs read of it, per
-thread, so that concurrent traces keep their own. Re-exported by `keras_posenc._tf`.
+thread, so that concurrent traces keep their own. Re-exported by `keras_posenc.backend.tensorflow`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc._tf.private import graph_in_xla_context
+from keras_posenc.backend.tensorflow.private import graph_in_xla_context
 
 # --------------------------------------------------------------------------------------
 # Where the graph runs
@@ -28,7 +28,7 @@ def in_xla_context() -> bool:
 def xla_on_cpu() -> bool:
     """Whether this process compiles XLA for the CPU (no GPU or TPU is visible).
 
-    The channel swap's forms (`_tf.swap_form`) were measured on XLA:CPU only; other
+    The channel swap's forms (`tf_backend.swap_form`) were measured on XLA:CPU only; other
     devices take the default.
     """
     return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
@@ -130,7 +130,7 @@ def position_bound() -> int | None:
 def tracing_for_a_converter() -> contextlib.AbstractContextManager[None]:
     """While a graph is traced for a converter that drops assertions (tf2onnx, TFLite).
 
-    Graphs traced inside poison the rows of bad positions (`_tf.nan_unless`), as graphs
+    Graphs traced inside poison the rows of bad positions (`tf_backend.nan_unless`), as graphs
     compiled by XLA always do. Elsewhere TensorFlow runs the assertions, which raise.
     """
     return _while_tracing("for_converter", True)

@@ -1,7 +1,7 @@
 """Values in TensorFlow's graphs: known while tracing, or only at run time.
 
-The names of `keras_posenc._keras_ops.values`, TensorFlow's answers (re-exported by
-`keras_posenc._tf`): a value is known while tracing when TensorFlow can fold it
+The names of `keras_posenc.backend.keras_ops.values`, TensorFlow's answers (re-exported by
+`keras_posenc.backend.tensorflow`): a value is known while tracing when TensorFlow can fold it
 (`tf.get_static_value`), and a graph is traced whenever TensorFlow is not executing
 eagerly; a size unknown while tracing is a tensor, never a symbolic size.
 """
