@@ -103,7 +103,9 @@ class FrequencyTable:
         return self.scale * np.sin(angles), self.scale * np.cos(angles)
 
     @functools.cached_property
-    def _split_tables(self) -> tuple[HostConstant, ...]:
+    def split_tables(self) -> tuple[HostConstant, ...]:
+        """The four float32 tables of the split (fine sin, fine cos, coarse sin, coarse cos)
+        that every backend's rows are computed from."""
         # The scale goes into the fine half only: the products then carry it exactly once.
         fine = self.host_sin_cos(np.arange(CACHED_POSITIONS))
         coarse = FrequencyTable(self.inverse_frequencies).host_sin_cos(
@@ -120,7 +122,7 @@ class FrequencyTable:
         t = tricks()
         traced = t.is_traced(positions)
         lookup = t.one_call_eagerly(lookup_sin_cos)
-        fine_sin, fine_cos, coarse_sin, coarse_cos = self._split_tables
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self.split_tables
         if below is None:
             coarse = (coarse_sin.tensor(traced), coarse_cos.tensor(traced))
         else:
@@ -174,7 +176,7 @@ class PositionTable(TableRows):
         named = {f"cached_{i}": array for i, array in enumerate(self.cached)}
         if bound is not None and bound <= CACHED_POSITIONS:
             return {name: array[:bound] for name, array in named.items()}
-        fine_sin, fine_cos, coarse_sin, coarse_cos = self.frequencies._split_tables
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self.frequencies.split_tables
         coarse_rows = None if bound is None else -(-bound // CACHED_POSITIONS)
         named.update(
             fine_sin=fine_sin.array,

@@ -197,7 +197,7 @@ class AxisPairs:
         return {
             f"axis{a}_{name}": constant.array
             for a, table in zip(self.used_axes, self.tables, strict=True)
-            for name, constant in zip(names, table._split_tables, strict=True)
+            for name, constant in zip(names, table.split_tables, strict=True)
         }
 
     def sin_cos(self, positions) -> tuple:

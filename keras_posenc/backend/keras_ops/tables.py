@@ -59,7 +59,7 @@ def _run_by_slices(frequencies, start, length: int):
 
     if frequencies not in _run_tables:
         fine_sin, fine_cos, coarse_sin, coarse_cos = (
-            table.array for table in frequencies._split_tables
+            table.array for table in frequencies.split_tables
         )
         _run_tables[frequencies] = tuple(
             HostConstant(array)
