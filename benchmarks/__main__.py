@@ -117,7 +117,7 @@ def _load_modules() -> None:
     import keras
 
     from benchmarks import candidates, report, timing
-    from keras_posenc._lazy import tf  # --backend jax / torch: no TensorFlow
+    from keras_posenc.backend.lazy import tf  # --backend jax / torch: no TensorFlow
 
 
 def main(argv: list[str] | None = None) -> int:

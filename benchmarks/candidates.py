@@ -42,7 +42,7 @@ import numpy as np
 from benchmarks import reference, timing
 from benchmarks.choices import LAYERS, MODES  # noqa: F401  (light: --help loads only it)
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from keras_posenc._lazy import tf  # TensorFlow's modes only: --backend jax / torch need none
+from keras_posenc.backend.lazy import tf  # TensorFlow's modes only: --backend jax / torch need none
 from keras_posenc.frequencies import CACHED_POSITIONS
 
 MAX_WAVELENGTH = 10000.0

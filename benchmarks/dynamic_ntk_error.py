@@ -3,7 +3,7 @@
     python -m benchmarks.dynamic_ntk_error
 
 Dynamic NTK's frequencies depend on the total length, known at run time only. The layers
-hold them as two float32 words (`keras_posenc.dynamic_ntk`: the host's float64 where the
+hold them as two float32 words (`keras_posenc.rope.dynamic_ntk`: the host's float64 where the
 length is known, error-free float32 arithmetic in graphs), and `exact_sin_cos` turns them
 into angles without rounding the product, so the error no longer grows with the position
 (formed in float32, as transformers does, it was 7e-2 at 2^20). This prints, per start, the

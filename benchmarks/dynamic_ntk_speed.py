@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_posenc as kp  # noqa: E402
 from benchmarks.timing import Timed, run_rounds, warm_up  # noqa: E402
-from keras_posenc.rotary_tables import channel_tables  # noqa: E402
+from keras_posenc.tables.rotary import channel_tables  # noqa: E402
 
 # name: (batch, sequence, heads, dim, start_index, max_position_embeddings); "past" cases
 # end beyond max_position_embeddings (the frequencies change), "below" ones do not.

@@ -30,24 +30,24 @@ if keras.backend.backend() not in BACKENDS:
         f"{keras.backend.backend()!r}. {_BACKEND_HINT}"
     )
 
-from keras_posenc.attention_temperature import (  # noqa: E402
+from keras_posenc.configs.rope_per_layer import rope_per_layer  # noqa: E402
+from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
+from keras_posenc.layers.attention_temperature import (  # noqa: E402
     AttentionTemperature,
     attention_temperature,
 )
-from keras_posenc.axes import grid_positions, multimodal_positions  # noqa: E402
-from keras_posenc.decoder_block import DecoderBlock  # noqa: E402
-from keras_posenc.decoder_models import decoder_models  # noqa: E402
-from keras_posenc.frequencies import FrequencyTable, inverse_frequencies  # noqa: E402
-from keras_posenc.learned import LearnedPositionalEmbedding  # noqa: E402
-from keras_posenc.rope_per_layer import rope_per_layer  # noqa: E402
-from keras_posenc.rotary import RotaryEmbedding  # noqa: E402
-from keras_posenc.rotary_attention import RotaryMultiHeadAttention  # noqa: E402
-from keras_posenc.rotary_group_query_attention import RotaryGroupQueryAttention  # noqa: E402
-from keras_posenc.sinusoidal import (  # noqa: E402
+from keras_posenc.layers.decoder_block import DecoderBlock  # noqa: E402
+from keras_posenc.layers.decoder_models import decoder_models  # noqa: E402
+from keras_posenc.layers.learned import LearnedPositionalEmbedding  # noqa: E402
+from keras_posenc.layers.rotary import RotaryEmbedding  # noqa: E402
+from keras_posenc.layers.rotary_attention import RotaryMultiHeadAttention  # noqa: E402
+from keras_posenc.layers.rotary_group_query_attention import RotaryGroupQueryAttention  # noqa: E402
+from keras_posenc.layers.sinusoidal import (  # noqa: E402
     SinusoidalInitializer,
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+from keras_posenc.tables.axes import grid_positions, multimodal_positions  # noqa: E402
 
 __version__ = "0.1.0"
 

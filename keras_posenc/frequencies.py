@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from keras import ops
 
-from keras_posenc._checks import (
+from keras_posenc.backend.lazy import tricks
+from keras_posenc.layers.checks import (
     checked_choice,
     checked_even_width,
     checked_max_wavelength,
 )
-from keras_posenc._host_constant import HostConstant
-from keras_posenc._lazy import tricks
-from keras_posenc.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
+from keras_posenc.tables.host_constant import HostConstant
+from keras_posenc.tables.rows import TableRows, as_rows  # noqa: F401  as_rows: re-exported
 
 CACHED_POSITIONS = 4096
 MAX_POSITIONS = CACHED_POSITIONS * CACHED_POSITIONS  # 16,777,216
@@ -103,7 +103,9 @@ class FrequencyTable:
         return self.scale * np.sin(angles), self.scale * np.cos(angles)
 
     @functools.cached_property
-    def _split_tables(self) -> tuple[HostConstant, ...]:
+    def split_tables(self) -> tuple[HostConstant, ...]:
+        """The four float32 tables of the split (fine sin, fine cos, coarse sin, coarse cos)
+        that every backend's rows are computed from."""
         # The scale goes into the fine half only: the products then carry it exactly once.
         fine = self.host_sin_cos(np.arange(CACHED_POSITIONS))
         coarse = FrequencyTable(self.inverse_frequencies).host_sin_cos(
@@ -120,7 +122,7 @@ class FrequencyTable:
         t = tricks()
         traced = t.is_traced(positions)
         lookup = t.one_call_eagerly(lookup_sin_cos)
-        fine_sin, fine_cos, coarse_sin, coarse_cos = self._split_tables
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self.split_tables
         if below is None:
             coarse = (coarse_sin.tensor(traced), coarse_cos.tensor(traced))
         else:
@@ -139,11 +141,11 @@ class PositionTable(TableRows):
 
     `make_host_rows` turns the float64 host `(sin, cos)` of shape `(..., dim/2)` into the
     tables a layer combines with its input (for example the interleaved encoding, or
-    RoPE's cos and signed sin; numpy, `keras_posenc.layouts`), rounded once to float32 for
+    RoPE's cos and signed sin; numpy, `keras_posenc.tables.layouts`), rounded once to float32 for
     the cached rows. `make_rows` lays out the exact float32 values the graphs compute for
     positions past the cache, the same way (in the backend's ops: `tricks().encoding`,
     `channel_tables`). Which rows serve a run or some positions (`slice`, `gather`) is
-    decided in `keras_posenc.rows`.
+    decided in `keras_posenc.tables.rows`.
     """
 
     limit = MAX_POSITIONS
@@ -174,7 +176,7 @@ class PositionTable(TableRows):
         named = {f"cached_{i}": array for i, array in enumerate(self.cached)}
         if bound is not None and bound <= CACHED_POSITIONS:
             return {name: array[:bound] for name, array in named.items()}
-        fine_sin, fine_cos, coarse_sin, coarse_cos = self.frequencies._split_tables
+        fine_sin, fine_cos, coarse_sin, coarse_cos = self.frequencies.split_tables
         coarse_rows = None if bound is None else -(-bound // CACHED_POSITIONS)
         named.update(
             fine_sin=fine_sin.array,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 
 SIZES = {
     "vocab_size": 64,
@@ -96,14 +96,14 @@ def copy_weights(layer, module, x: np.ndarray) -> None:
     if gated:
         parts["gate_dense"] = (query[:, head_dim:], query_bias[:, head_dim:])
     for part, (kernel, bias) in parts.items():
-        dense = _tf.attention_part(layer, part)
+        dense = tf_backend.attention_part(layer, part)
         dense.kernel.assign(kernel.transpose(2, 0, 1))
         if dense.bias is not None:
             dense.bias.assign(bias)
         else:
             assert not bias.any(), part
     projection = getattr(module, "o_proj", None) or module.out_proj
-    output = _tf.attention_part(layer, "output_dense")
+    output = tf_backend.attention_part(layer, "output_dense")
     output.kernel.assign(projection.weight.detach().numpy().T.reshape(heads, head_dim, width))
     if output.bias is not None:
         bias = projection.bias

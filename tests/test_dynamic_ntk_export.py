@@ -2,7 +2,7 @@
 float64 formula at starts up to 2^20, where float32 frequencies were off by 5e-2.
 
 The files compute the frequencies in their graphs (the total length is an input), with the
-same float32 word arithmetic as TensorFlow's graph (`keras_posenc.dynamic_ntk`); onnxruntime
+same float32 word arithmetic as TensorFlow's graph (`keras_posenc.rope.dynamic_ntk`); onnxruntime
 and LiteRT run it with their own kernels.
 """
 

@@ -2,7 +2,7 @@
 
 Keras resolves a saved layer by its `registered_name` (`keras_posenc>Name`), which only exists
 once `import keras_posenc` has run the registration decorators. Failing that, Keras < 3.9 imports
-the file's `module` (`keras_posenc.sinusoidal`, ...) itself; Keras >= 3.9 (the fix of
+the file's `module` (`keras_posenc.layers.sinusoidal`, ...) itself; Keras >= 3.9 (the fix of
 CVE-2025-1550) imports only `keras`, `keras_hub`, `keras_cv` and `keras_nlp` modules and raises a
 `TypeError` that names the class, its `module` and says to import it.
 """
@@ -123,7 +123,7 @@ def test_loading_in_a_fresh_process_without_the_import(tmp_path):
         assert error is not None and error.startswith("TypeError")
         # what points the user at the fix: the class, the package's module, "imported"
         assert "Could not locate class 'SinusoidalPositionalEncoding'" in error, error
-        assert "'module': 'keras_posenc.sinusoidal'" in error, error
+        assert "'module': 'keras_posenc.layers.sinusoidal'" in error, error
         assert "'registered_name': 'keras_posenc>SinusoidalPositionalEncoding'" in error
         assert "make sure they are all imported" in error
     else:

@@ -80,7 +80,7 @@ def _private_reads(path: Path) -> list[str]:
         if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
             owner = node.value
             if not node.attr.startswith("__") and not (
-                isinstance(owner, ast.Name) and owner.id in ("self", "_keras_private")
+                isinstance(owner, ast.Name) and owner.id in ("self", "keras_private")
             ):
                 reads.append(f"{path.name}:{node.lineno} .{node.attr}")
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":

@@ -1,4 +1,5 @@
-"""The key/value cache's parts (`keras_posenc._kv_cache`), against numpy on the same arrays."""
+"""The key/value cache's parts (`keras_posenc.layers.kv_cache`), against numpy on the same
+arrays."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_posenc import _kv_cache
+from keras_posenc.layers import kv_cache as _kv_cache
 
 MAX_LENGTH = 6
 

@@ -18,7 +18,7 @@ from float32_error import assert_within_bound
 from keras_posenc import RotaryGroupQueryAttention, attention_temperature
 from keras_posenc import export as kpe
 from keras_posenc.configs.arguments import attention_arguments
-from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.layers.decoder_block import DecoderBlock
 
 torch = pytest.importorskip("torch")
 llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")

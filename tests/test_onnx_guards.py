@@ -1,8 +1,8 @@
 """Guards off the fast path (`onnx_passes.guards`): no `Where` on a valid run's rows.
 
-The guarded graphs are built by hand as `keras_posenc._tf.nan_unless` on the rows of
-a run (`keras_posenc.rows`) converts (a `Where(valid, rows, NaN)` on an `If` or a lookup), and run
-against the graph before in onnxruntime and in the ONNX reference evaluator (exactly, NaN
+The guarded graphs are built by hand as `keras_posenc.backend.tensorflow.nan_unless` on the rows of
+a run (`keras_posenc.tables.rows`) converts (a `Where(valid, rows, NaN)` on an `If` or a lookup),
+and run against the graph before in onnxruntime and in the ONNX reference evaluator (exactly, NaN
 for NaN); the exports of the additive layers with a runtime start against Keras.
 """
 

@@ -165,5 +165,5 @@ def test_nothing_under_onnx_passes_imports_tensorflow_keras_or_a_layer():
                 if name.startswith("keras_posenc"):
                     # Only the passes' own modules and the rotation scope, which imports nothing.
                     assert name.startswith("keras_posenc.export.onnx_passes") or name in (
-                        "keras_posenc._scope",
+                        "keras_posenc.layers.rotation_scope",
                     ), (path.name, name)

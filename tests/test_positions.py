@@ -1,4 +1,5 @@
-"""Run-time start indices at the edges of int32, for every layer (keras_posenc/positions.py)."""
+"""Run-time start indices at the edges of int32, for every layer
+(keras_posenc/tables/positions.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from keras_posenc import RotaryGroupQueryAttention, RotaryMultiHeadAttention
 from keras_posenc.configs.arguments import attention_arguments
-from keras_posenc.query_key_norm import QUERY_KEY_NORMS
+from keras_posenc.layers.query_key_norm import QUERY_KEY_NORMS
 
 WIDTH, HEADS, KV_HEADS, HEAD_DIM = 12, 4, 2, 6
 _RNG = np.random.default_rng(0)
@@ -40,11 +40,11 @@ def _scaled(layer) -> None:
 
 def _heads(layer, x: np.ndarray):
     """The layer's projected queries and keys, `(batch, sequence, heads, head_dim)`."""
-    from keras_posenc import _tf
+    from keras_posenc.backend import tensorflow as tf_backend
 
     return (
-        np.asarray(_tf.attention_part(layer, "query_dense")(x)),
-        np.asarray(_tf.attention_part(layer, "key_dense")(x)),
+        np.asarray(tf_backend.attention_part(layer, "query_dense")(x)),
+        np.asarray(tf_backend.attention_part(layer, "key_dense")(x)),
     )
 
 

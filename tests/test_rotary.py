@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from position_kinds import POSITION_KINDS
 
-from keras_posenc import RotaryEmbedding, _tf
+from keras_posenc import RotaryEmbedding
+from keras_posenc.backend import tensorflow as tf_backend
 
 # One rotation of inputs in [-1, 1] (float32_error.rotation_error): 2 (TABLE_ERROR + 3u).
 ROTARY_TOLERANCE = 2 * (TABLE_ERROR + 3 * U)
@@ -83,7 +84,9 @@ def test_both_xla_swaps_match_the_formula(monkeypatch, traced_graph, swap, layou
     # Under XLA:CPU the swap is a concat below a size and a gather above it (the two also
     # take the rows of a runtime start differently); the inputs here are small, so the
     # threshold moves to put each form to the test.
-    monkeypatch.setattr(_tf.rotation, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40)
+    monkeypatch.setattr(
+        tf_backend.rotation, "XLA_CPU_CONCAT_SWAP_BYTES", 0 if swap == "gather" else 2**40
+    )
     shape, layer_arguments, reference_arguments = INPUT_FORMS[form]
     layer = RotaryEmbedding(layout=layout, **layer_arguments)
     x = _uniform(shape)

@@ -1,4 +1,5 @@
-"""Which rows serve a run or some positions (`keras_posenc.rows`), on a table of counting rows.
+"""Which rows serve a run or some positions (`keras_posenc.tables.rows`), on a table of counting
+rows.
 
 Row `i` of the table is `(i, -i)`: the expected rows are written down from the positions
 alone, whichever source (a slice of the ready rows, computed rows, host rows) served them.
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_posenc import _tf
-from keras_posenc.rows import TableRows
+from keras_posenc.backend import tensorflow as tf_backend
+from keras_posenc.tables.rows import TableRows
 
 READY, LIMIT = 4, 64
 
@@ -27,7 +28,7 @@ class CountingRows(TableRows):
     limit = LIMIT
 
     def __init__(self):
-        super().__init__([_tf.HostConstant(_counting(np.arange(READY)))])
+        super().__init__([tf_backend.HostConstant(_counting(np.arange(READY)))])
         self.computed_calls = 0
 
     def computed(self, positions, below):
@@ -73,7 +74,7 @@ def test_a_known_run_within_the_ready_rows_is_a_slice_of_them():
 def test_a_run_past_an_export_s_bound_gives_nan_rows_where_assertions_are_dropped():
     table = CountingRows()
     # XLA drops the assertions (as converters do) and TensorFlow then runs the graph.
-    with _tf.positions_bounded(3):
+    with tf_backend.positions_bounded(3):
         function = tf.function(
             lambda s: table.slice(s, 2)[0], jit_compile=True
         ).get_concrete_function(tf.TensorSpec((), tf.int32))
@@ -84,7 +85,7 @@ def test_a_run_past_an_export_s_bound_gives_nan_rows_where_assertions_are_droppe
 
 def test_a_run_past_an_export_s_bound_raises_where_assertions_run():
     table = CountingRows()
-    with _tf.positions_bounded(3):
+    with tf_backend.positions_bounded(3):
         function = tf.function(lambda s: table.slice(s, 2)[0]).get_concrete_function(
             tf.TensorSpec((), tf.int32)
         )
@@ -101,7 +102,7 @@ def test_a_run_past_a_fixed_table_still_gives_one_row_per_step_for_its_caller_to
     def run(start, length):
         return table.slice(start, 3 if length_known else length)[0]
 
-    with _tf.tracing_for_a_converter():
+    with tf_backend.tracing_for_a_converter():
         function = tf.function(run).get_concrete_function(
             tf.TensorSpec((), tf.int32), tf.TensorSpec((), tf.int32)
         )
@@ -112,7 +113,7 @@ def test_a_run_past_a_fixed_table_still_gives_one_row_per_step_for_its_caller_to
 def test_positions_past_an_export_s_bound_give_nan_rows_and_others_their_own():
     table = CountingRows()
     positions = tf.TensorSpec((None,), tf.int32)
-    with _tf.positions_bounded(6):
+    with tf_backend.positions_bounded(6):
         function = tf.function(
             lambda p: table.gather(p)[0], jit_compile=True
         ).get_concrete_function(positions)

@@ -1,4 +1,5 @@
-"""The rotation scope (`keras_posenc._scope`): what the layer writes is what the pass reads."""
+"""The rotation scope (`keras_posenc.layers.rotation_scope`): what the layer writes is what the
+pass reads."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import itertools
 
 import pytest
 
-from keras_posenc._scope import RotationScope, read_rotation_scope, rotation_scope
+from keras_posenc.layers.rotation_scope import RotationScope, read_rotation_scope, rotation_scope
 
 
 @pytest.mark.parametrize(

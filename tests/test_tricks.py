@@ -1,36 +1,39 @@
-"""The layers are written once; what differs between backends is `_lazy.tricks()`'s.
+"""The layers are written once; what differs between backends is `lazy.tricks()`'s.
 
-`keras_posenc._tf` (TensorFlow) and `keras_posenc._keras_ops` (JAX, PyTorch) answer under
-the same names, module by module, and the modules every backend runs hold no TensorFlow.
+`keras_posenc.backend.tensorflow` (TensorFlow) and `keras_posenc.backend.keras_ops` (JAX, PyTorch)
+answer under the same names, module by module, and the modules every backend runs hold no
+TensorFlow.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-import keras_posenc
-from keras_posenc import _keras_ops, _tf
+from keras_posenc.backend import keras_ops as keras_ops_backend
+from keras_posenc.backend import tensorflow as tf_backend
 
 SUBMODULES = ("values", "tracing", "rows", "tables", "rotation", "attention")
 # The modules every backend runs: the layers, their rows and tables.
 SHARED = (
-    "positions",
-    "rows",
+    "tables.positions",
+    "tables.rows",
     "frequencies",
-    "rope_scaling",
-    "axes",
-    "rotary_tables",
-    "sinusoidal",
-    "learned",
-    "rotary",
-    "_host_constant",
-    "_checks",
-    "layouts",
+    "rope.scaling",
+    "rope.registry",
+    "tables.axes",
+    "tables.rotary",
+    "layers.sinusoidal",
+    "layers.learned",
+    "layers.rotary",
+    "tables.host_constant",
+    "layers.checks",
+    "tables.layouts",
 )
 
 
@@ -46,19 +49,19 @@ def _functions(module) -> set[str]:
 
 @pytest.mark.parametrize("submodule", SUBMODULES)
 def test_tensorflow_answers_every_name_the_other_backends_do(submodule):
-    ours = _functions(importlib.import_module(f"keras_posenc._keras_ops.{submodule}"))
-    theirs = _functions(importlib.import_module(f"keras_posenc._tf.{submodule}"))
+    ours = _functions(importlib.import_module(f"keras_posenc.backend.keras_ops.{submodule}"))
+    theirs = _functions(importlib.import_module(f"keras_posenc.backend.tensorflow.{submodule}"))
     assert ours, submodule
-    assert ours <= theirs, f"_tf.{submodule} lacks {sorted(ours - theirs)}"
+    assert ours <= theirs, f"tf_backend.{submodule} lacks {sorted(ours - theirs)}"
     for name in ours:
-        assert callable(getattr(_keras_ops, name)), name
-        assert callable(getattr(_tf, name)), name
+        assert callable(getattr(keras_ops_backend, name)), name
+        assert callable(getattr(tf_backend, name)), name
 
 
 @pytest.mark.parametrize("module", SHARED)
 def test_the_modules_every_backend_runs_reach_no_tensorflow(module):
-    source = (Path(keras_posenc.__file__).parent / f"{module}.py").read_text()
+    source = Path(importlib.util.find_spec(f"keras_posenc.{module}").origin).read_text()
     # Docstrings, comments and messages aside.
     code = re.sub(r'"""(?:.|\n)*?"""|#.*|"[^"\n]*"', "", source)
-    assert not re.search(r"\b(tf|_tf|tensorflow)\.", code), module
-    assert not re.search(r"import .*\b(tf|_tf|tensorflow)\b", code), module
+    assert not re.search(r"\b(tf|tf_backend|tensorflow)\.", code), module
+    assert not re.search(r"import .*\b(tf|tf_backend|tensorflow)\b", code), module

@@ -21,13 +21,9 @@ import pytest
 import tensorflow as tf
 from onnx import numpy_helper
 
-from keras_posenc import (
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    _tf,
-)
+from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc import export as kpe
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.verify import tables as audit
 
 WIDTH, LEARNED_LENGTH = 4, 64
@@ -88,7 +84,7 @@ def _litert_tampered(path: Path, name: str, row: int, out: Path) -> Path:
     import flatbuffers
 
     content = bytearray(path.read_bytes())
-    schema = _tf.tflite_schema()
+    schema = tf_backend.tflite_schema()
     model = schema.Model.GetRootAsModel(bytes(content), 0)
     for s in range(model.SubgraphsLength()):
         subgraph = model.Subgraphs(s)
@@ -112,7 +108,7 @@ def _litert_tampered(path: Path, name: str, row: int, out: Path) -> Path:
 
 def _saved_model_tampered(path: Path, name: str, row: int, out: Path) -> Path:
     shutil.copytree(path, out)
-    proto = _tf.saved_model_proto(out)
+    proto = tf_backend.saved_model_proto(out)
     for graph in proto.meta_graphs:
         functions = [("", graph.graph_def.node)]
         functions += [

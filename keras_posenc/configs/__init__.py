@@ -13,4 +13,5 @@ The readers take the record, never test a `model_type`.
 - `arguments.py`: the entry points; `rope_entries.py`, `axial.py`: the RoPE parameters.
 - `schedules.py`: layer types and NoPE layers; `windows.py`, `attention.py`, `norms.py`:
   the attention's window, biases, gate, dropout, refusals and q/k norm.
+- `rope_per_layer.py`: one `RotaryEmbedding` (or None) per decoder layer of a config.
 """

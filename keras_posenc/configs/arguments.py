@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from keras_posenc._checks import short_repr
-from keras_posenc.attention_temperature import attention_temperature
 from keras_posenc.configs.attention import attention_settings
 from keras_posenc.configs.axial import axial_arguments, is_axial
 from keras_posenc.configs.families import FAMILIES
@@ -35,6 +33,8 @@ from keras_posenc.configs.rope_entries import (
     whole_head_factor,
 )
 from keras_posenc.configs.schedules import layer_attention, layer_types, positionless_types
+from keras_posenc.layers.attention_temperature import attention_temperature
+from keras_posenc.layers.checks import short_repr
 from keras_posenc.rope import rope_parameters
 
 _ROPE_KEY = re.compile("rope|rotary")

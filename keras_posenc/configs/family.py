@@ -28,7 +28,7 @@ class Norm:
     """A family's query / key norm, as its attention module applies it.
 
     Attributes:
-        kind: a key of `keras_posenc.query_key_norm.QUERY_KEY_NORMS`.
+        kind: a key of `keras_posenc.layers.query_key_norm.QUERY_KEY_NORMS`.
         epsilon_key: the config key of its epsilon.
         epsilon: that key's default in the config class.
         flag: `(config key, its default)` where the norm is optional.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from keras_posenc._checks import short_repr
-from keras_posenc.axes import checked_mrope_section
 from keras_posenc.configs.family import Family
+from keras_posenc.layers.checks import short_repr
 from keras_posenc.rope import ROPE_TYPES, checked_scaling, find_rope_type
+from keras_posenc.tables.axes import checked_mrope_section
 
 
 def is_nested(parameters: Mapping) -> bool:

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import check_file_target, whole_or_nothing
@@ -82,7 +82,7 @@ def save_litert(
 def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None) -> bytes:
     """The `.tflite` bytes of `model` (what `save_litert` writes), built-in ops only."""
     with (
-        _tf.tracing_for_a_converter(),  # the converter drops assertions: NaN rows instead
+        tf_backend.tracing_for_a_converter(),  # the converter drops assertions: NaN rows instead
         bounded_tracing(model, max_sequence_length),
     ):
         concrete = serving_function(model).get_concrete_function()
@@ -98,7 +98,7 @@ def litert_flatbuffer(model: keras.Model, max_sequence_length: int | None = None
         converter_output("tensorflow", "absl"),
         tempfile.TemporaryDirectory(prefix="keras_posenc_litert_") as folder,
     ):
-        serve = _tf.frozen_named_outputs(concrete)
+        serve = tf_backend.frozen_named_outputs(concrete)
         module = tf.Module()
         module.serve = tf.function(serve, input_signature=input_signature(model), autograph=False)
         tf.saved_model.save(
@@ -158,7 +158,7 @@ _FIXES = {
 
 def litert_ops(model_content: bytes) -> list[str]:
     """The op names of a `.tflite` file's operators, in order (custom ops by their name)."""
-    schema = _tf.tflite_schema()
+    schema = tf_backend.tflite_schema()
     fb = schema.Model.GetRootAsModel(model_content, 0)
     names = {
         getattr(schema.BuiltinOperator, name): name

@@ -13,7 +13,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export import onnx_passes
 from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import ExportError
@@ -181,7 +181,7 @@ def _converted(model: keras.Model, specs, opset: int, max_sequence_length: int |
                 _environment(TF2ONNX_CATCH_ERRORS=catch_errors),
                 converter_output("tf2onnx"),
                 deterministic_order(),
-                _tf.tracing_for_a_converter(),
+                tf_backend.tracing_for_a_converter(),
                 bounded_tracing(model, max_sequence_length),
             ):
                 proto, _ = tf2onnx.convert.from_function(

@@ -7,7 +7,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_posenc import _keras_private
+from keras_posenc.backend import keras_private
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.model_inputs import model_inputs
 
@@ -19,7 +19,7 @@ def compute_dtypes(model: keras.Model) -> set[str]:
     """The compute dtypes of the model's layers and the dtypes of its float variables."""
     dtypes = {
         layer.dtype_policy.compute_dtype
-        for layer in _keras_private.all_layers(model)
+        for layer in keras_private.all_layers(model)
         if getattr(layer, "dtype_policy", None) is not None
     }
     dtypes.update(v.dtype for v in model.weights if keras.backend.is_float_dtype(v.dtype))

@@ -9,7 +9,7 @@ a list of classes.
 
 from __future__ import annotations
 
-from keras_posenc._keras_private import all_layers
+from keras_posenc.backend.keras_private import all_layers
 from keras_posenc.export.errors import ExportError
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import keras
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.files import is_saved_model, whole_or_nothing
 from keras_posenc.export.precision import exportable_model
@@ -58,7 +58,7 @@ def save_saved_model(
     with (
         whole_or_nothing(path, replace_if=is_saved_model, kind="folder") as written,
         bounded_tracing(model, max_sequence_length),
-        _tf.tables_stored_once(),
+        tf_backend.tables_stored_once(),
     ):
         archive = keras.export.ExportArchive()
         # Tracked for its resources (lookup tables) only: tracking the model itself lists
@@ -71,7 +71,7 @@ def save_saved_model(
     return Path(path)
 
 
-class _Resources(_tf.AutoTrackable):
+class _Resources(tf_backend.AutoTrackable):
     """Holds the model, so that `ExportArchive` finds its resources but lists no weight."""
 
     def __init__(self, model: keras.Model):

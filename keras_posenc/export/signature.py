@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.model_inputs import model_inputs
 
@@ -94,7 +94,7 @@ def layers_in_scopes(model: keras.Model, scopes) -> list[str]:
     TensorFlow adds `_1`, `_2` to the names of layers it traces; they are matched back.
     Each is given as its path of nested layers (`block_0/attention/query`), once.
     """
-    names = {layer.name for layer in _tf.all_layers(model)} - {model.name}
+    names = {layer.name for layer in tf_backend.all_layers(model)} - {model.name}
     found = []
     for scope in scopes:
         parts = [re.sub(r"(_\d+)+$", "", part) for part in re.split(r"[/@]", scope)]
@@ -117,11 +117,11 @@ def export_bound(model: keras.Model, max_sequence_length: int | None = None) -> 
             the positions the tables serve exactly (2^24).
     """
     from keras_posenc.frequencies import MAX_POSITIONS
-    from keras_posenc.learned import LearnedPositionalEmbedding
+    from keras_posenc.layers.learned import LearnedPositionalEmbedding
 
     tables = [
         layer.max_length
-        for layer in _tf.all_layers(model)
+        for layer in tf_backend.all_layers(model)
         if isinstance(layer, LearnedPositionalEmbedding)
     ]
     table = min(tables) if tables else None
@@ -152,5 +152,5 @@ def export_bound(model: keras.Model, max_sequence_length: int | None = None) -> 
 def bounded_tracing(model: keras.Model, max_sequence_length: int | None) -> Iterator[None]:
     """While an export of `model` is traced: its position tables hold the rows below
     `export_bound(model, max_sequence_length)` only, and positions past it are bad."""
-    with _tf.positions_bounded(export_bound(model, max_sequence_length)):
+    with tf_backend.positions_bounded(export_bound(model, max_sequence_length)):
         yield

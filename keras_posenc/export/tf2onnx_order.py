@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import onnx
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.onnx_passes.graph import graphs
 
 __all__ = ["deterministic_order", "number_address_names"]
@@ -53,7 +53,7 @@ def _resolve_functions_by_name(tf_graph):
 
     *_, functions = tf_loader.tflist_to_onnx(tf_graph, {})
     dependencies = {}
-    for name, definition in _tf.graph_functions(tf_graph).items():
+    for name, definition in tf_backend.graph_functions(tf_graph).items():
         shapes = functions.get(name)
         definition = definition.definition
         if shapes and len(definition.signature.input_arg) < len(shapes):

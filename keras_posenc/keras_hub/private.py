@@ -1,7 +1,7 @@
 """Every private attribute of keras_hub the bridge reads, each behind a named function.
 
 Nothing else in the bridge reads a `_`-attribute of a keras_hub object: when a release
-renames one, this is the one file to change (as `keras_posenc._tf.private` is for
+renames one, this is the one file to change (as `keras_posenc.backend.tensorflow.private` is for
 TensorFlow). Each says why no public attribute serves: keras_hub 0.32 keeps these
 sublayers and settings only under private names.
 """

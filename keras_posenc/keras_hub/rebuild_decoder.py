@@ -16,13 +16,13 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from keras_posenc import _keras_private
-from keras_posenc.decoder_block import DecoderBlock
-from keras_posenc.decoder_models import decoder_models
+from keras_posenc.backend import keras_private
 from keras_posenc.export.decoder.description import Norm, optional_parts
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import families
 from keras_posenc.keras_hub.backbone_reader import describe_causal_lm, family_of
+from keras_posenc.layers.decoder_block import DecoderBlock
+from keras_posenc.layers.decoder_models import decoder_models
 
 
 def _rope_setting(causal_lm, max_length: int, owner: str) -> tuple[float, dict | None]:
@@ -119,7 +119,7 @@ def rebuild(causal_lm, max_length: int) -> tuple[keras.Model, keras.Model]:
             ("value_dense", a.value),
             ("output_dense", a.output),
         ):
-            _assign(_keras_private.attention_part(layer.attention, part).kernel, kernel)
+            _assign(keras_private.attention_part(layer.attention, part).kernel, kernel)
         if layer.gate is not None:
             _assign(layer.gate.kernel, block.mlp.gate)
         _assign(layer.up.kernel, block.mlp.up)

@@ -8,6 +8,7 @@
 - `scaling`: `rope_parameters`, the frequencies and attention factor of a checked dict, and
   the rows of the types that switch by total length (`SwitchByLength`, `DynamicRows`).
 - `rope_type`: the records, `RopeType` (an entry) and `RopeParameters` (what it computes).
+- `dynamic_ntk`: dynamic NTK's frequencies for a total length known only at run time.
 """
 
 from keras_posenc.rope.keys import check_shared_keys, checked_scaling

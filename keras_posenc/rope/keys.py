@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from keras_posenc._checks import short_repr
+from keras_posenc.layers.checks import short_repr
 from keras_posenc.rope.registry import ROPE_TYPES
 
 _NUMBER = (int, float, np.integer, np.floating)

@@ -10,7 +10,7 @@ definitions, computed in float64 on the host:
 - `linear`: `ω / factor`.
 - `dynamic` (NTK): past `max_position_embeddings` = M, with total length L the base becomes
   `base · (factor·L/M - (factor - 1))^(d/(d-2))`. L is only known at run time, so these
-  frequencies are made for it as two float32 words (`keras_posenc.dynamic_ntk`).
+  frequencies are made for it as two float32 words (`keras_posenc.rope.dynamic_ntk`).
 - `yarn`: a ramp between interpolated (`ω / factor`) and extrapolated (`ω`) frequencies
   set by `beta_fast` / `beta_slow` (optionally `truncate`d), and an attention factor from
   `mscale` / `mscale_all_dim` (or given).
@@ -26,7 +26,7 @@ definitions, computed in float64 on the host:
   own, and no frequencies of one axis (the error says to give `axes_dims`).
 
 A type whose frequencies change with the total length sets `RopeParameters.switch_length`
-and needs rows that switch (`keras_posenc.rope.scaling`, `keras_posenc.rotary_tables`).
+and needs rows that switch (`keras_posenc.rope.scaling`, `keras_posenc.tables.rotary`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from keras_posenc._checks import short_repr
+from keras_posenc.layers.checks import short_repr
 from keras_posenc.rope.rope_type import RopeParameters, RopeType
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from keras_posenc._lazy import tricks
+from keras_posenc.backend.lazy import tricks
 from keras_posenc.frequencies import as_rows, inverse_frequencies
 from keras_posenc.rope.keys import check_shared_keys, checked_scaling
 from keras_posenc.rope.registry import ROPE_TYPES
@@ -78,10 +78,10 @@ class SwitchByLength:
 
 class DynamicRows:
     """Rows for dynamic NTK scaling: frequencies for the total length as two float32 words
-    (`keras_posenc.dynamic_ntk`), rotated by the fixed-point `tricks().exact_sin_cos`."""
+    (`keras_posenc.rope.dynamic_ntk`), rotated by the fixed-point `tricks().exact_sin_cos`."""
 
     def __init__(self, omega: np.ndarray, factor: float, max_position_embeddings: int, layout):
-        from keras_posenc.dynamic_ntk import DynamicFrequencies
+        from keras_posenc.rope.dynamic_ntk import DynamicFrequencies
 
         self.frequencies = DynamicFrequencies(omega, factor, max_position_embeddings)
         self.layout = layout

@@ -61,7 +61,8 @@ CASES = {
         {"start_index": 3 * 4096 - 5},
     ),
     "rotary_last_positions": ("RotaryEmbedding", {}, (2, 12, 2, 16), {"start_index": 2**24 - 12}),
-    # Runs of more row values than `_keras_ops.rows.SMALL_RUN_VALUES`: a conditional under jit.
+    # Runs of more row values than `keras_ops_backend.rows.SMALL_RUN_VALUES`: a conditional under
+    # jit.
     "sinusoidal_long_run": (
         "SinusoidalPositionalEncoding",
         {},

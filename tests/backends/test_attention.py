@@ -23,7 +23,7 @@ import reference
 from decoder_reference import ReferenceDecoder
 from float32_error import assert_within
 
-from keras_posenc import _keras_private as private
+from keras_posenc.backend import keras_private as private
 
 BACKEND = keras.backend.backend()
 # Different float32 summation orders: a few ulps of the largest output, times the ~8-term

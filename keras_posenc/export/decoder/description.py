@@ -14,13 +14,13 @@ import dataclasses
 import keras
 import numpy as np
 
-from keras_posenc import _keras_private
-from keras_posenc.decoder_block import DecoderBlock
+from keras_posenc.backend import keras_private
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.settings import refuse_unread_block_settings
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import FrequencyTable
+from keras_posenc.layers.decoder_block import DecoderBlock
 from keras_posenc.rope import rope_parameters
 
 # Layers a step model may hold besides the ones described (inputs, the named outputs).
@@ -292,7 +292,7 @@ def _attention(layer) -> Attention:
         )
 
     def kernel(part: str) -> np.ndarray:
-        return weight_array(_keras_private.attention_part(layer, part).kernel)
+        return weight_array(keras_private.attention_part(layer, part).kernel)
 
     query_norm, key_norm = _head_norms(layer)
 
@@ -301,7 +301,7 @@ def _attention(layer) -> Attention:
         num_heads=heads,
         kv_num_heads=kv_heads,
         head_dim=head_dim,
-        scale=float(_keras_private.attention_part(layer, "inverse_sqrt_head_dim")),
+        scale=float(keras_private.attention_part(layer, "inverse_sqrt_head_dim")),
         query=kernel("query_dense").reshape(width, heads * head_dim),
         key=kernel("key_dense").reshape(width, kv_heads * head_dim),
         value=kernel("value_dense").reshape(width, kv_heads * head_dim),

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from keras_posenc._checks import checked_int
 from keras_posenc.export.decoder.check import PROMPT
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.quantized import refuse_quantized
 from keras_posenc.frequencies import MAX_POSITIONS
+from keras_posenc.layers.checks import checked_int
 
 # The positions a table serves: [0, MAX_POSITIONS).
 LONGEST = MAX_POSITIONS

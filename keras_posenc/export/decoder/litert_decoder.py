@@ -44,7 +44,9 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc._tf import xla  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
+from keras_posenc.backend.tensorflow import (
+    xla,  # XlaDynamicUpdateSlice: LiteRT's DYNAMIC_UPDATE_SLICE
+)
 from keras_posenc.export.decoder.description import (
     Attention,
     Block,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from keras_posenc import _keras_private
+from keras_posenc.backend import keras_private
 from keras_posenc.export.errors import ExportError
 
 # Keys of every Keras layer's config that do not change what it computes at inference.
@@ -60,7 +60,7 @@ def unread_settings(layer, carried: set[str], required: dict | None = None) -> d
     required = required or {}
     defaults = _defaults(type(layer))
     unread = {}
-    with _keras_private.serialization_without_tensorflow():  # off TensorFlow, none imported
+    with keras_private.serialization_without_tensorflow():  # off TensorFlow, none imported
         config = layer.get_config()
     for key, value in config.items():
         if key in _INFERENCE_NEUTRAL or key.endswith(_NEUTRAL_SUFFIXES):

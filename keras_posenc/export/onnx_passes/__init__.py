@@ -1,7 +1,7 @@
 """The rewrites of a converted ONNX graph, one pass per module, run in the order of `PASSES`.
 
 Nothing here imports TensorFlow, Keras or a layer: the passes read ONNX graphs only (the
-rotation scope they look for is `keras_posenc._scope`, which imports nothing).
+rotation scope they look for is `keras_posenc.layers.rotation_scope`, which imports nothing).
 
 - `graph`: tools every pass shares (subgraphs, producers, `Emitter`, tensor keys);
 - `erfc` (`replace_erfc`): `Erfc` as `1 - Erf`;

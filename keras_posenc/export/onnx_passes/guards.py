@@ -17,8 +17,9 @@ did not run before.
 The pass, in three steps: find (`_find`: each `If`, `Slice` or `Gather` read only by
 `Where`s on one condition), check (in `_find` too: the condition a scalar, the other value
 a scalar constant made before), rewrite (`_hoist`). What it matches is the graph of
-`keras_posenc._tf.nan_unless` on the rows of a run (`keras_posenc.rows`) as tf2onnx converts; the
-tests build that graph by hand (`tests/test_onnx_guards.py`), so a change there shows here.
+`keras_posenc.backend.tensorflow.nan_unless` on the rows of a run (`keras_posenc.tables.rows`) as
+tf2onnx converts; the tests build that graph by hand (`tests/test_onnx_guards.py`), so a change
+there shows here.
 The clamps the fast branch drops (`_drop_clamps`) are recognised by tensor name: the
 condition's `LessOrEqual` and the branch's `Min` must read the same tensors, which holds
 once `cse` has merged what both compute (hence its place after `cse` in `PASSES`).

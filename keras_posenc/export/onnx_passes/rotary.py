@@ -2,8 +2,8 @@
 
 tf2onnx turns a rotation's channel swap into whole-tensor data movement (a Transpose,
 ReverseSequence and Transpose for the reshape-and-reverse form). The layer puts each
-rotation's ops under a name scope (`keras_posenc._scope`, the one definition the layer
-and this pass share), which survives into the ONNX node names. The pass, in three steps:
+rotation's ops under a name scope (`keras_posenc.layers.rotation_scope`, the one definition the
+layer and this pass share), which survives into the ONNX node names. The pass, in three steps:
 
 - find (`find_rotations`): every `Add` in a rotation scope that is `x·C + swap(x)·S`;
 - check (`check_rotations`): every rotation scope the graph holds was found, once (else
@@ -29,7 +29,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from keras_posenc._scope import read_rotation_scope
 from keras_posenc.export.onnx_passes.graph import (
     Emitter,
     default_opset,
@@ -41,6 +40,7 @@ from keras_posenc.export.onnx_passes.graph import (
     static_dim,
     tensor_info,
 )
+from keras_posenc.layers.rotation_scope import read_rotation_scope
 
 __all__ = [
     "FORMS",

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.signature import export_bound, input_signature
 from keras_posenc.frequencies import CACHED_POSITIONS, MAX_POSITIONS
 
@@ -62,11 +62,11 @@ def checked_sizes(values, name: str) -> tuple[int, ...]:
 def longest_sequence(model: keras.Model) -> int | None:
     """The longest sequence the model allows, when its layers say: the smallest learned
     table, or the slots of a key/value cache the model writes."""
-    from keras_posenc.learned import LearnedPositionalEmbedding
+    from keras_posenc.layers.learned import LearnedPositionalEmbedding
 
     lengths = [
         layer.max_length
-        for layer in _tf.all_layers(model)
+        for layer in tf_backend.all_layers(model)
         if isinstance(layer, LearnedPositionalEmbedding)
     ]
     lengths += cache_lengths(model).values()
@@ -81,8 +81,8 @@ def cache_lengths(model: keras.Model) -> dict[str, int]:
         for spec, tensor in zip(input_signature(model), model.inputs, strict=True)
     }
     lengths = {}
-    for layer in _tf.all_layers(model):
-        for arguments in _tf.call_keyword_arguments(layer):
+    for layer in tf_backend.all_layers(model):
+        for arguments in tf_backend.call_keyword_arguments(layer):
             name = names.get(id(arguments.get("cache_update_index")))
             cache = arguments.get("cache")
             if name is not None and cache is not None and cache.shape[2] is not None:
@@ -116,7 +116,7 @@ def position_inputs(model: keras.Model) -> dict[str, str]:
             kinds[spec.name] = "positions"
         by_id[id(tensor)] = spec.name
     for layer in getattr(model, "layers", []):
-        for arguments in _tf.call_keyword_arguments(layer):
+        for arguments in tf_backend.call_keyword_arguments(layer):
             for keyword, value in arguments.items():
                 name = by_id.get(id(value))
                 if name is not None and keyword in _POSITION_KEYWORDS:
@@ -153,14 +153,14 @@ def _multi_axis_inputs(model: keras.Model) -> set[str]:
         for spec, tensor in zip(input_signature(model), model.inputs, strict=True)
     }
     names = set()
-    for layer in _tf.all_layers(model):
+    for layer in tf_backend.all_layers(model):
         axes = getattr(layer, "axes", 1)
         for option in ("axes_dims", "mrope_section"):
             if getattr(layer, option, None) is not None:
                 axes = len(getattr(layer, option))
         if not isinstance(axes, int) or axes < 2:
             continue
-        for arguments in _tf.call_keyword_arguments(layer):
+        for arguments in tf_backend.call_keyword_arguments(layer):
             value = arguments.get("positions")
             if id(value) in by_id:
                 names.add(by_id[id(value)])
@@ -315,7 +315,7 @@ def default_inputs(
     rng = np.random.default_rng([seed, batch, sequence, start_index or 0])
     vocabularies = [
         layer.input_dim
-        for layer in _tf.all_layers(model)
+        for layer in tf_backend.all_layers(model)
         if isinstance(layer, keras.layers.Embedding)
     ]
     high = min(vocabularies) if vocabularies else 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.onnx_export import onnx_constant_bytes
 from keras_posenc.export.signature import export_bound
 from keras_posenc.export.verify.coverage import as_ranges
@@ -40,7 +40,7 @@ def position_table_bytes(model: keras.Model, max_sequence_length: int | None = N
 
     bound = export_bound(model, max_sequence_length)
     tables = {}
-    for layer in _tf.all_layers(model):
+    for layer in tf_backend.all_layers(model):
         for _, table in layer_tables(layer):
             tables[id(table)] = table
     return sum(
@@ -57,7 +57,7 @@ def saved_model_constant_bytes(path: str | os.PathLike) -> int:
     import tensorflow as tf
 
     path = Path(path)
-    proto = _tf.saved_model_proto(path)
+    proto = tf_backend.saved_model_proto(path)
     total = sum(p.stat().st_size for p in (path / "variables").glob("variables.data-*"))
     for graph in proto.meta_graphs:
         functions = [graph.graph_def.node, *(f.node_def for f in graph.graph_def.library.function)]
@@ -70,7 +70,7 @@ def saved_model_constant_bytes(path: str | os.PathLike) -> int:
 
 def litert_constant_bytes(path_or_content: str | os.PathLike | bytes) -> int:
     """Bytes of the data buffers of a `.tflite` file (its weights and constants)."""
-    schema = _tf.tflite_schema()
+    schema = tf_backend.tflite_schema()
     content = (
         path_or_content
         if isinstance(path_or_content, bytes)

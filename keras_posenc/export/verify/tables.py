@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_posenc import _tf
+from keras_posenc.backend import tensorflow as tf_backend
 from keras_posenc.export.signature import export_bound
 
 SPLIT_NAMES = ("fine_sin", "fine_cos", "coarse_sin", "coarse_cos")
@@ -71,9 +71,9 @@ def layer_tables(layer) -> list[tuple[str, object]]:
 
 
 def _tables_of(rows, prefix: str) -> list[tuple[str, object]]:
-    from keras_posenc.axes import AxesRows
     from keras_posenc.frequencies import PositionTable
     from keras_posenc.rope import SwitchByLength
+    from keras_posenc.tables.axes import AxesRows
 
     if isinstance(rows, PositionTable):
         return [(prefix, rows)]
@@ -92,7 +92,7 @@ def expected_tables(model, longest: int | None) -> list[dict]:
     layers is listed once; equal arrays of different tables (the split tables of two
     layers with the same frequencies) are each listed, and one stored copy serves both.
     """
-    from keras_posenc.learned import LearnedPositionalEmbedding
+    from keras_posenc.layers.learned import LearnedPositionalEmbedding
 
     bound = export_bound(model, longest)
     tables, seen_tables = [], set()
@@ -104,7 +104,7 @@ def expected_tables(model, longest: int | None) -> list[dict]:
             return
         tables.append({"table": name, "array": array, "group": group, "kind": kind})
 
-    for layer in _tf.all_layers(model):
+    for layer in tf_backend.all_layers(model):
         for prefix, table in layer_tables(layer):
             if id(table) in seen_tables:
                 continue
@@ -144,7 +144,7 @@ def onnx_tensors(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]:
 
 def litert_tensors(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]:
     """Every float tensor with data in a `.tflite` file, each buffer once."""
-    schema = _tf.tflite_schema()
+    schema = tf_backend.tflite_schema()
     content = Path(path).read_bytes()
     model = schema.Model.GetRootAsModel(content, 0)
     dtypes = {schema.TensorType.FLOAT32: np.float32, schema.TensorType.FLOAT16: np.float16}
@@ -178,7 +178,7 @@ def saved_model_tensors(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]
 
     path = Path(path)
     found = []
-    for graph in _tf.saved_model_proto(path).meta_graphs:
+    for graph in tf_backend.saved_model_proto(path).meta_graphs:
         functions = [("", graph.graph_def.node)]
         functions += [
             (f.signature.name + "/", f.node_def) for f in graph.graph_def.library.function
