@@ -1,13 +1,13 @@
 """Decoders for the runtimes' own decoder interfaces, written directly (no converter).
 
 One idea per module: `description` (a step model read into arrays and settings, what
-every emitter reads), `graph` (an `onnx.helper` graph builder), `gqa` (attention as
+every emitter reads), `graph_builder` (an `onnx.helper` graph builder), `gqa` (attention as
 onnxruntime's GroupQueryAttention), `standard` (attention as ONNX's own `Attention`),
 `moe` (a mixture of experts: dense ONNX ops, or one `com.microsoft.MoE`), `onnx_decoder`
 (the genai-interface graph), `litert_decoder` (the LiteRT file with `prefill` and `decode`
 signatures), `genai_config`, `special_tokens` (its end, start and pad ids), `tokenizer_files`
 (a keras_hub tokenizer as onnxruntime-genai's files; `sentencepiece_files` converts a
-SentencePiece model), `greedy` (greedy generation in Keras;
+SentencePiece model), `greedy_generation` (greedy generation in Keras;
 the onnxruntime runner lives in the keras-free `keras_posenc_serve`), `genai_runtime` (the
 folder in onnxruntime-genai), `check` (the verification) and `save` (`save_decoder`).
 Only `litert_decoder` needs TensorFlow: its names are imported on first use, so the ONNX
@@ -17,7 +17,11 @@ export runs on every Keras backend.
 from keras_posenc.export.decoder.check import compare_greedy, decoder_cases, verify_decoder
 from keras_posenc.export.decoder.description import Decoder, describe_decoder, rope_tables
 from keras_posenc.export.decoder.genai_config import genai_config
-from keras_posenc.export.decoder.greedy import SharedCacheSession, keras_greedy, onnx_greedy
+from keras_posenc.export.decoder.greedy_generation import (
+    SharedCacheSession,
+    keras_greedy,
+    onnx_greedy,
+)
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.save import failed_report_path, save_decoder
 

@@ -141,7 +141,7 @@ def compared(mask: np.ndarray, steps: int, released=None) -> list[np.ndarray]:
 
 
 def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
-    """Tokens and logits of one runtime against the reference's (`greedy.keras_greedy`'s
+    """Tokens and logits of one runtime against the reference's (`greedy_generation.keras_greedy`'s
     layout).
 
     Logits are compared up to the first step whose tokens differ (later ones follow other
@@ -296,7 +296,7 @@ def verify_decoder(
     from keras_posenc.export.decoder import judge
     from keras_posenc.export.decoder.description import Moe
     from keras_posenc.export.decoder.exact import exact_greedy
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)  # noqa: E731

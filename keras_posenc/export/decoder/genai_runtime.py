@@ -5,7 +5,7 @@ folder it cannot load (an end token outside the vocabulary, a config it refuses)
 otherwise is never kept. Each row runs alone at batch 1: onnxruntime-genai 0.18 feeds an
 all-ones attention mask for a batch padded on the left, so a padded row of a batch
 generates other tokens there whatever graph is exported (`keras_posenc_serve` runs a
-padded batch as each row alone). The results are put in the layout of `greedy.py` (the
+padded batch as each row alone). The results are put in the layout of `greedy_generation.py` (the
 prompt's logits `(batch, prompt, vocabulary)`, then each step's), so `check.compare_greedy`
 compares them as it compares the others.
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.projection import (
     attention_inputs,
     attention_output,

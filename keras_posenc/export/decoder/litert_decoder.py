@@ -398,7 +398,7 @@ class LiteRTDecoder:
 
 
 def litert_greedy(path_or_content, prompts: np.ndarray, mask: np.ndarray, steps: int):
-    """Greedy generation through the file, as `greedy.keras_greedy` (same outputs)."""
+    """Greedy generation through the file, as `greedy_generation.keras_greedy` (same outputs)."""
     batch, length = prompts.shape
     runner = LiteRTDecoder(path_or_content, batch)
     padding = np.ones((batch, runner.max_length), np.int32)

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.description import Decoder, Mlp, Moe, PerLayerInputs
 from keras_posenc.export.decoder.gqa import GqaAttention
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.decoder.quantized_graph import (
     embedding_lookup,

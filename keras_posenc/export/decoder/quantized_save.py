@@ -29,7 +29,7 @@ def float_arithmetic_runtime(path, max_length: int, quantization) -> dict:
     import onnx
     import onnxruntime
 
-    from keras_posenc.export.decoder.greedy import onnx_greedy
+    from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 
     if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
         return {}
@@ -54,7 +54,7 @@ def verify_quantized_decoder(
 ) -> dict:
     """The report of `save_decoder` for a quantized file (`quantized_check.py`)."""
     from keras_posenc import keras_hub as bridge
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     def greedy_of(step_model):
         if keras_hub:

@@ -27,7 +27,7 @@ from keras_posenc.export.decoder.failed_report import (
 )
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
-from keras_posenc.export.decoder.greedy import onnx_greedy
+from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
@@ -267,7 +267,7 @@ def _verify(
     """`verify_decoder`'s report, each case said through `progress`; `reference` None is
     Keras's greedy generation through the step model. A quantized file's: see
     `quantized_save.py`."""
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     if quantization is not None:
         from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder

@@ -38,7 +38,7 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder, Rope
 from keras_posenc.export.decoder.gqa import refuse_capped_sinks
-from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.projection import (
     attention_inputs,
     attention_output,
