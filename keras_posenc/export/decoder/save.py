@@ -18,7 +18,6 @@ from keras_posenc.export.decoder.check import (
     verify_decoder,
     widest_window,
 )
-from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.failed_report import (
     failed_report_path,  # noqa: F401 (save.failed_report_path, as before)
@@ -28,6 +27,7 @@ from keras_posenc.export.decoder.failed_report import (
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy_generation import onnx_greedy
+from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
