@@ -11,7 +11,8 @@ ops, or one `com.microsoft.MoE`), `onnx_decoder` (the genai-interface graph),
 onnxruntime-genai's files; `sentencepiece_files` converts a SentencePiece model),
 `greedy_generation` (greedy generation in Keras; the onnxruntime runner lives in the
 keras-free `keras_posenc_serve`), `genai_runtime` (the folder in onnxruntime-genai),
-`check` (the verification) and `save` (`save_decoder`).
+`check` (the verification; `logit_tolerance` its tolerances, `judge` its rules for
+ties) and `save` (`save_decoder`).
 Only `litert_decoder` needs TensorFlow: its names are imported on first use, so the ONNX
 export runs on every Keras backend.
 """
