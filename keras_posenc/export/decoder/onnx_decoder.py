@@ -9,7 +9,7 @@ input names). Gemma 4's per-layer embeddings are computed from
 graph is what the genai model builder writes for a Llama-style model, node for node
 (`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
 the residual adds, MatMuls, the attention of `attention=`, a mixture of experts as one
-`com.microsoft.MoE`). With `attention="standard"` every node is ONNX's own (opset 24):
+`com.microsoft.MoE`). With `attention="standard"` every node is ONNX's own (opset 23):
 `RMSNormalization` and `Add` for the norms and residuals, `Gelu`, the attention of
 `standard.py` and the dense mixture of experts of `moe.py`.
 """
