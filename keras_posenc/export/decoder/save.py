@@ -67,10 +67,10 @@ def decoder_litert(decoder) -> bytes:
 
 
 def litert_greedy(path: Path, prompts, mask, steps: int):
-    """`litert_decoder.litert_greedy`, imported when called (see `decoder_litert`)."""
-    from keras_posenc.export.decoder import litert_decoder
+    """`litert_runner.litert_greedy`, imported when called (see `decoder_litert`)."""
+    from keras_posenc.export.decoder import litert_runner
 
-    return litert_decoder.litert_greedy(path, prompts, mask, steps)
+    return litert_runner.litert_greedy(path, prompts, mask, steps)
 
 
 def save_decoder(
