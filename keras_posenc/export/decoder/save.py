@@ -117,8 +117,7 @@ def save_decoder(
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
             `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
-            (`model.litertlm`, docs/litertlm.md); LiteRT's converter takes longer
-            (docs/decoding.md).
+            (`model.litertlm`, docs/litertlm.md); LiteRT's converter's time: docs/decoding.md.
         bfloat16: a model in a low-precision dtype (bfloat16, float16, mixed_*; the files
             are float32): `"float32"` exports a float32 copy (warned), `"error"` refuses; a
             keras_hub model must be float32 (its reference is keras_hub's own generation).
