@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import importlib.util
 import shutil
+import weakref
 
+import keras
 import numpy as np
 import onnx
 import onnxruntime
@@ -22,7 +24,15 @@ from onnx import numpy_helper
 from test_decoder_save import MAX_LENGTH, VOCABULARY, step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import check, decoder_cases, onnx_greedy, save, weights_file
+from keras_posenc.export.decoder import (
+    check,
+    decoder_cases,
+    describe_decoder,
+    onnx_greedy,
+    save,
+    weights_file,
+)
+from keras_posenc.export.decoder.genai_runtime import genai_model
 from keras_posenc.export.errors import ExportError
 
 GENAI = importlib.util.find_spec("onnxruntime_genai") is not None
@@ -225,6 +235,67 @@ def test_a_disk_that_fills_while_writing_keeps_the_earlier_export(tmp_path, monk
     assert error.value.errno == errno.ENOSPC
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_verification_holds_no_description_and_one_runtime_at_a_time(tmp_path, monkeypatch):
+    """The description (a float32 copy of every weight) is released once the files are
+    written, and each runtime's session before the next one opens: while a runtime runs,
+    the process holds the Keras model and that one runtime's weights, not four copies."""
+    descriptions, sessions = [], []
+
+    def describe(*args):
+        decoder = describe_decoder(*args)
+        descriptions.append(weakref.ref(decoder))
+        return decoder
+
+    def alive(refs) -> int:
+        return sum(ref() is not None for ref in refs)
+
+    def greedy(session, *args):
+        assert not alive(descriptions), "the description is held while onnxruntime runs"
+        sessions.append(weakref.ref(session))
+        return onnx_greedy(session, *args)
+
+    def genai(folder):
+        assert not alive(descriptions), "the description is held while og opens"
+        assert not alive(sessions), "onnxruntime's session is held while og opens"
+        return genai_model(folder)
+
+    monkeypatch.setattr(save, "describe_decoder", describe)
+    monkeypatch.setattr(save, "onnx_greedy", greedy)
+    monkeypatch.setattr(save, "genai_model", genai)
+    report = save_decoder(step_model(), tmp_path / "out", max_length=MAX_LENGTH, verbose=0)
+    assert report["passed"] and descriptions and sessions
+    if GENAI:
+        assert all("onnxruntime-genai" in case["runtimes"] for case in report["cases"])
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() not in ("tensorflow", "jax"), reason="PyTorch assigns in place"
+)
+def test_the_description_holds_the_models_weights_not_a_copy():
+    """A model that does not fit twice in memory: the description's arrays are the Keras
+    variables' own buffers (read-only; TensorFlow's read of a variable aliases it, a JAX
+    array is viewed), so describing adds no copy of the weights. A variable assigned later
+    is copied by TensorFlow then (copy on write; JAX makes a new array): a description
+    keeps the values it was made from."""
+    from keras_posenc.keras_hub import describe_causal_lm
+
+    model = step_model()
+    first, second = (describe_decoder(model, MAX_LENGTH) for _ in range(2))
+    causal_lm = tiny_causal_lm("llama")
+    hub = [describe_causal_lm(causal_lm, HUB_LENGTH) for _ in range(2)]
+    for a, b in ((first, second), tuple(hub)):
+        assert np.shares_memory(a.embedding, b.embedding)
+        assert np.shares_memory(a.head, b.head)
+        assert np.shares_memory(a.blocks[-1].attention.query, b.blocks[-1].attention.query)
+        assert np.shares_memory(a.blocks[-1].mlp.down, b.blocks[-1].mlp.down)
+        assert not a.embedding.flags.writeable
+    (table,) = (layer for layer in model.layers if isinstance(layer, keras.layers.Embedding))
+    kept = first.embedding.copy()
+    table.embeddings.assign(np.zeros(table.embeddings.shape, "float32"))
+    np.testing.assert_array_equal(first.embedding, kept)
+    assert not describe_decoder(model, MAX_LENGTH).embedding.any()
 
 
 def test_progress_on_stderr_and_quiet_with_verbose_0(tmp_path, capsys):

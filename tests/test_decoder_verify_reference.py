@@ -36,6 +36,7 @@ from keras_posenc.export.decoder import (
     onnx_greedy,
 )
 from keras_posenc.export.decoder.exact import exact_greedy
+from keras_posenc.export.decoder.on_demand import on_demand
 
 VOCABULARY, WIDTH, MAX_LENGTH = 40, 32, 96
 
@@ -85,8 +86,12 @@ def _runtime(tamper: bool = False):
     return {"onnxruntime": lambda p, m, s: onnx_greedy(session, p, m, s, MAX_LENGTH)}, decoder
 
 
-def _verify(per_position: float, tamper: bool = False) -> dict:
+def _verify(per_position: float, tamper: bool = False, describe=None) -> dict:
+    """The report; `describe`: the description passed as `on_demand(decoder, describe)`,
+    as `save_decoder` passes it once the files are written."""
     runtimes, decoder = _runtime(tamper)
+    if describe is not None:
+        decoder = on_demand(decoder, describe)
     return check.verify_decoder(
         step_model(),
         runtimes,
@@ -123,6 +128,25 @@ def test_a_less_exact_reference_passes_the_exact_file_and_says_so():
     for exact in rechecked:
         assert exact["passed"] and exact["file"]["tolerances"] <= 1
         assert exact["reference"]["max_abs_error"] > exact["file"]["max_abs_error"]
+
+
+def test_a_description_on_demand_is_made_only_for_the_float64_decode():
+    """`save_decoder` drops the description (a copy of every weight) once the files are
+    written and passes how to make it again: it is made where a runtime's logits fail
+    against the reference (once per case judged), never otherwise, and the verdicts are
+    those of a description held throughout."""
+    made = []
+
+    def describe():
+        made.append(1)
+        return describe_decoder(step_model(), MAX_LENGTH)
+
+    assert _verify(per_position=0.0, describe=describe)["passed"]
+    assert made == []
+    report = _verify(per_position=4e-6, describe=describe)
+    judged = [c for c in report["cases"] if any("float64" in r for r in c["runtimes"].values())]
+    assert judged and len(made) == len(judged)
+    assert report == _verify(per_position=4e-6)
 
 
 def test_a_wrong_file_still_fails_and_names_both_distances():

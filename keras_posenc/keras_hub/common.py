@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.description import Norm
+from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
 # `x * rsqrt(mean(x²) + epsilon) * scale`, in float32.
@@ -23,7 +24,8 @@ _GEMMA_NORM = "RMSNormalization"
 
 
 def array(variable) -> np.ndarray:
-    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+    """`weight_arrays.weight_array`: the variable's float32 value, a view where it can be."""
+    return weight_array(variable)
 
 
 def rms_norm(layer, owner: str) -> Norm:

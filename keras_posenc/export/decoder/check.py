@@ -36,7 +36,9 @@ from keras_posenc.export.decoder.logit_tolerance import (
     positions,
 )
 
-BLOCK = 256  # logit rows compared at a time
+# Logits compared at a time: their float64 errors are ~6 copies of them (a prompt of 256
+# rows of a vocabulary of 128256 would be 1.6 GB at once).
+BLOCK_LOGITS = 2**20
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
 # The long case: batch 2 (one row padded by 3), LONG_STEPS single tokens after a prompt
@@ -150,9 +152,10 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
         else:
             (row_of,) = np.nonzero(selected[step])
             want, have, where = keras_logits[step][row_of], logits[step][row_of], at[step][row_of]
-        # In blocks of rows: a long prompt's float64 errors would be 5 copies of its logits.
-        for i in range(0, len(row_of), BLOCK):
-            a, r, e = _errors(want[i : i + BLOCK], have[i : i + BLOCK])
+        # In blocks of rows: a long prompt's float64 errors would be 6 copies of its logits.
+        block = max(1, BLOCK_LOGITS // want.shape[-1])
+        for i in range(0, len(row_of), block):
+            a, r, e = _errors(want[i : i + block], have[i : i + block])
             max_abs, max_rel = max(max_abs, float(a.max())), max(max_rel, float(r.max()))
             j = i + np.unravel_index(np.argmax(e), e.shape)[0]
             if e.max() > worst["excess"]:
@@ -255,50 +258,50 @@ def verify_decoder(
     """Runs every case in the reference and in each of `runtimes` (`name -> greedy(prompts,
     mask, steps) -> (tokens, logits)`); returns the report (see `failure_message`).
 
+    The reference runs every case first; then each runtime runs every case in turn, so
+    runtimes opened on their first call (`on_demand.OneAtATime`) are open one at a time.
     `reference`, a greedy function of the same form, replaces the step model's
     (`keras_greedy`) as what the runtimes must match (a keras_hub CausalLM's own
     generation), named `reference_name` in the report; `window`, the decoder's widest
-    sliding window (`widest_window`), adds the case past it; `decoder`, the description,
+    sliding window (`widest_window`), adds the case past it; `decoder`, the description
+    (or `on_demand.DescriptionOnDemand`: made only where the float64 decode is run),
     enables the float64 decode (`exact.py`) that judges router ties and a reference less
     exact than the file (`judge.py`).
     """
     from keras_posenc.export.decoder import judge
-    from keras_posenc.export.decoder.description import Moe
-    from keras_posenc.export.decoder.exact import exact_greedy
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
+    from keras_posenc.export.decoder.on_demand import on_demand
 
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)  # noqa: E731
-    moe = decoder is not None and any(isinstance(b.mlp, Moe) for b in decoder.blocks)
+    source = None if decoder is None else on_demand(decoder)
+    if source is not None and source.moe:  # every case's router is judged: made once
+        source = on_demand(source.describe())
+    cases = decoder_cases(vocabulary, max_length, window=window)
+    cases.append(teacher_forced_case(vocabulary, max_length))
+    expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
+    exacts = [_exact(source, case, want) for case, want in zip(cases, expected, strict=True)]
+    releases = [
+        judge.router_releases(exact()[1], c["mask"], c["steps"]) if exact and source.moe else None
+        for c, exact in zip(cases, exacts, strict=True)
+    ]
+    results = [{} for _ in cases]
+    for name, run in runtimes.items():
+        for index, case in enumerate(cases):
+            released = None if releases[index] is None else releases[index][0]
+            results[index][name] = _judged(case, expected[index], run, exacts[index], released)
     report = {
         "tolerance": {"atol": ATOL, "rtol": RTOL},
         "reference": reference_name,
         "cases": [],
         "ties": [],
     }
-    cases = decoder_cases(vocabulary, max_length, window=window)
-    cases.append(teacher_forced_case(vocabulary, max_length))
-    for case in cases:
-        prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
-        expected = reference(prompts, mask, steps)
-        exact, released = None, None
-        if decoder is not None:
-            cached = []
-
-            def exact(prompts=prompts, mask=mask, tokens=expected[0], cached=cached):
-                if not cached:
-                    cached.append(exact_greedy(decoder, prompts, mask, tokens))
-                return cached[0]
-
-        if moe:
-            released, ties = judge.router_releases(exact()[1], mask, steps)
-            report["ties"] += [{"case": case["name"], "runtime": "all", **t} for t in ties]
-        results = {}
-        for name, run in runtimes.items():
-            results[name] = _judged(case, expected, run, exact, released)
-            report["ties"] += [
-                {"case": case["name"], "runtime": name, **t} for t in results[name]["ties"]
-            ]
+    for case, found, release in zip(cases, results, releases, strict=True):
+        if release is not None:
+            report["ties"] += [{"case": case["name"], "runtime": "all", **t} for t in release[1]]
+        for name, result in found.items():
+            report["ties"] += [{"case": case["name"], "runtime": name, **t} for t in result["ties"]]
+        prompts, steps = case["prompts"], case["steps"]
         last = prompts.shape[1] + steps - 1
         report["cases"].append(
             {
@@ -307,8 +310,28 @@ def verify_decoder(
                 "steps": steps,
                 "positions": [0, last],
                 "last_position": last,
-                "runtimes": results,
+                "runtimes": found,
             }
         )
     report["passed"] = failure_message(report) is None
     return report
+
+
+def _exact(source, case: dict, expected):
+    """A thunk of `exact.exact_greedy` along the reference's path of `case` (None without a
+    description), computed at its first call and kept; the description is made for it
+    (`source.describe()`) and released when it returns."""
+    from keras_posenc.export.decoder.exact import exact_greedy
+
+    if source is None:
+        return None
+    cached = []
+
+    def exact():
+        if not cached:
+            cached.append(
+                exact_greedy(source.describe(), case["prompts"], case["mask"], expected[0])
+            )
+        return cached[0]
+
+    return exact

@@ -19,6 +19,7 @@ from keras_posenc.decoder_block import DecoderBlock
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp, Norm, Rope
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.settings import refuse_unread_block_settings
+from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import FrequencyTable
 from keras_posenc.rope_scaling import rope_parameters
@@ -27,14 +28,10 @@ from keras_posenc.rope_scaling import rope_parameters
 _PASSIVE = (keras.layers.InputLayer, keras.layers.Identity)
 
 
-def _array(variable) -> np.ndarray:
-    return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
-
-
 def _norm(layer) -> Norm:
     if not isinstance(layer, keras.layers.RMSNormalization) or layer.axis not in (-1, [-1]):
         raise ExportError(f"Layer {layer.name!r} ({type(layer).__name__}) is not an RMSNorm.")
-    return Norm(_array(layer.scale), float(layer.epsilon))
+    return Norm(weight_array(layer.scale), float(layer.epsilon))
 
 
 def rope_tables(rope_layer, head_dim: int, max_length: int) -> Rope:
@@ -79,7 +76,7 @@ def _attention(layer) -> Attention:
         )
 
     def kernel(part: str) -> np.ndarray:
-        return _array(_keras_private.attention_part(layer, part).kernel)
+        return weight_array(_keras_private.attention_part(layer, part).kernel)
 
     query_norm, key_norm = _head_norms(layer)
 
@@ -115,7 +112,7 @@ def _head_norms(layer) -> tuple[Norm | None, Norm | None]:
         )
 
     def norm(sublayer) -> Norm:
-        scale = _array(sublayer.scale)
+        scale = weight_array(sublayer.scale)
         if kind == "gemma_rms_per_head":
             scale = np.float32(1) + scale
         return Norm(scale, float(layer.query_key_norm_epsilon))
@@ -126,9 +123,9 @@ def _head_norms(layer) -> tuple[Norm | None, Norm | None]:
 def _block(block: DecoderBlock) -> Block:
     mlp = Mlp(
         kind=block.mlp,
-        gate=None if block.gate is None else _array(block.gate.kernel),
-        up=_array(block.up.kernel),
-        down=_array(block.down.kernel),
+        gate=None if block.gate is None else weight_array(block.gate.kernel),
+        up=weight_array(block.up.kernel),
+        down=weight_array(block.down.kernel),
     )
     attention = _attention(block.attention)
     if block.attention.rotary_embedding is None:  # rope_dim=0: a NoPE layer
@@ -214,11 +211,11 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
     if head.activation is not keras.activations.linear:
         raise ExportError(f"The head {head.name!r} has an activation; logits are linear.")
     return Decoder(
-        embedding=_array(embedding.embeddings),
+        embedding=weight_array(embedding.embeddings),
         blocks=tuple(_block(block) for block in blocks),
         final_norm=_norm(final_norm),
-        head=_array(head.kernel),
-        head_bias=None if head.bias is None else _array(head.bias),
+        head=weight_array(head.kernel),
+        head_bias=None if head.bias is None else weight_array(head.bias),
         rope=rope_tables(rope, first.head_dim, int(max_length)),
         max_length=int(max_length),
     )

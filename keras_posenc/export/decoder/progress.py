@@ -67,22 +67,24 @@ class Progress:
 
     def cases(self, reference: Callable, runtimes: dict, count: int, reference_name: str):
         """`reference` and `runtimes` (greedy functions) that say each case as it runs:
-        the reference is called first in each of the `count` cases, then each runtime."""
+        the reference is called first with each of the `count` cases' prompts, then the
+        runtimes with the same arrays."""
         if not self.verbose:
             return reference, runtimes
-        case = [0]
+        numbers = {}  # id of a case's prompts -> its number (they live through the cases)
 
         def said_reference(prompts, mask, steps):
-            case[0] += 1
+            numbers[id(prompts)] = len(numbers) + 1
             self.say(
-                f"verifying case {case[0]} of {count} (batch {len(prompts)}, prompt "
+                f"verifying case {len(numbers)} of {count} (batch {len(prompts)}, prompt "
                 f"{prompts.shape[1]}, {steps} steps): {reference_name}"
             )
             return reference(prompts, mask, steps)
 
         def said(name, run):
             def runtime(prompts, mask, steps):
-                self.say(f"verifying case {case[0]} of {count}: {name}")
+                if id(prompts) in numbers:  # not a run again past a tie (judge.follow)
+                    self.say(f"verifying case {numbers[id(prompts)]} of {count}: {name}")
                 return run(prompts, mask, steps)
 
             return runtime

@@ -92,12 +92,17 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
                 f"The quantized file's reference could not be made: {name} is no variable "
                 "of the model (reshaped or transposed)."
             )
+    # Within the block only the variables' own values are held (to give them back): the
+    # description and the dequantized kernels are each a copy of the weights.
+    named = kernels = table = decoder = None
+    originals = [(variable, original) for variable, original, _ in changes]
     try:
         for variable, _, replaced in changes:
             variable.assign(replaced)
+        changes = None
         yield model
     finally:
-        for variable, original, _ in changes:
+        for variable, original in originals:
             variable.assign(original)
 
 
@@ -195,21 +200,25 @@ def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequa
     with dequantized:
         reference = greedy_of(model)
         expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
+    # Each runtime runs every case before the next one runs (opened one at a time).
+    results = [{} for _ in cases]
+    for name, run in runtimes.items():
+        for case, want, float_prompt, found in zip(
+            cases, expected, float_logits, results, strict=True
+        ):
+            got = run(case["prompts"], case["mask"], case["steps"])
+            found[name] = judge(name, want, got, case["mask"])
+            found[name]["against_float32"] = float_agreement(float_prompt, got[1][0], case["mask"])
     report = {"cases": []}
-    for case, want, float_prompt in zip(cases, expected, float_logits, strict=True):
-        prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
-        results = {}
-        for name, run in runtimes.items():
-            got = run(prompts, mask, steps)
-            results[name] = judge(name, want, got, mask)
-            results[name]["against_float32"] = float_agreement(float_prompt, got[1][0], mask)
+    for case, found in zip(cases, results, strict=True):
+        prompts, steps = case["prompts"], case["steps"]
         report["cases"].append(
             {
                 "name": case["name"],
                 "batch": len(prompts),
                 "steps": steps,
                 "last_position": prompts.shape[1] + steps - 1,
-                "runtimes": results,
+                "runtimes": found,
             }
         )
     return report

@@ -6,7 +6,6 @@ from keras_posenc.export.decoder.check import (
     compare_greedy,
     decoder_cases,
     failure_message,
-    widest_window,
 )
 from keras_posenc.export.decoder.quantized_check import (
     compare_with_bound,
@@ -21,18 +20,27 @@ FLOAT_LEVELS = (0, 1)
 FLOAT_RUNTIME = "onnxruntime, accuracy_level 0"
 
 
-def float_arithmetic_runtime(path, max_length: int, quantization) -> dict:
+def float_arithmetic_runtime(path, max_length: int, quantization, slot=None) -> dict:
     """`{FLOAT_RUNTIME: greedy}` for a file with int8 activations (accuracy_level 2-4):
     the same file, every MatMulNBits set to accuracy_level 0, in memory. Its weights are
     then judged to float32 tolerance: a wrong scale, block, nibble or zero point cannot
-    hide in the int8-activation bound. `{}` for a float-arithmetic file."""
+    hide in the int8-activation bound. `{}` for a float-arithmetic file. The session opens
+    at the first call, through `slot` (an `on_demand.OneAtATime`) where given."""
+    from keras_posenc.export.decoder.on_demand import OneAtATime
+
+    if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
+        return {}
+    slot = OneAtATime() if slot is None else slot
+    return {FLOAT_RUNTIME: slot.runtime(FLOAT_RUNTIME, lambda: _float_arithmetic(path, max_length))}
+
+
+def _float_arithmetic(path, max_length: int):
+    """The greedy function of `float_arithmetic_runtime`'s session."""
     import onnx
     import onnxruntime
 
     from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 
-    if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
-        return {}
     model = onnx.load(path)
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
@@ -42,25 +50,26 @@ def float_arithmetic_runtime(path, max_length: int, quantization) -> dict:
     session = onnxruntime.InferenceSession(
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
-    return {
-        FLOAT_RUNTIME: lambda prompts, mask, steps: onnx_greedy(
-            session, prompts, mask, steps, max_length
-        )
-    }
+    return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
 def verify_quantized_decoder(
-    model, decoder, keras_hub: bool, runtimes: dict, length: int, quantization, progress
+    model, source, keras_hub: bool, runtimes: dict, length: int, quantization, progress
 ) -> dict:
-    """The report of `save_decoder` for a quantized file (`quantized_check.py`)."""
+    """The report of `save_decoder` for a quantized file (`quantized_check.py`); `source`
+    the description, or on demand (`on_demand.py`): made for the reference and released
+    before the runtimes run."""
     from keras_posenc import keras_hub as bridge
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
+    from keras_posenc.export.decoder.on_demand import on_demand
 
     def greedy_of(step_model):
         if keras_hub:
             return bridge.keras_hub_greedy(step_model)
         return lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)
 
+    source = on_demand(source)
+    decoder = source.describe()
     layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
     chain = 2 * layers + 1  # each layer's attention and MLP, then the head
     bounded = quantization.accuracy_level not in FLOAT_LEVELS
@@ -70,10 +79,11 @@ def verify_quantized_decoder(
             return compare_with_bound(expected, got, mask, chain, quantization.block_size)
         return compare_greedy(expected, got, mask)
 
-    cases = decoder_cases(decoder.vocabulary, length, window=widest_window(decoder))
+    cases = decoder_cases(source.vocabulary, length, window=source.window)
     name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
     progress.say(f"verifying against {name} (the file's weights), {len(cases)} cases")
     dequantized = dequantized_weights(model, decoder, quantization)
+    decoder = None  # the context holds it until it has made the reference's weights
     report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
     report["passed"] = failure_message(report) is None
     report["quantization"] = {

@@ -16,7 +16,6 @@ from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
     verify_decoder,
-    widest_window,
 )
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.failed_report import (
@@ -29,6 +28,7 @@ from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
+from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
 from keras_posenc.export.decoder.quantized_graph import checked_quantization
@@ -153,7 +153,7 @@ def save_decoder(
     progress = Progress(check_verbose(verbose), folder)
     progress.phase(f"describing the model (max_length {max_length})")
     with reporting(progress):
-        model, decoder, reference, slots = _described(model, max_length, bfloat16)
+        model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
     plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
@@ -161,10 +161,10 @@ def save_decoder(
     replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
         _write(files, staging, weights)
-        files = None  # the graph: not held while verifying
+        files = decoder = None  # neither the graph nor the description held while verifying
         report = {}
         if verify:
-            checked = (model, decoder, reference, min(max_length, slots), quantization, attention)
+            checked = (model, source, reference, min(max_length, slots), quantization, attention)
             report = _verified(checked, staging, formats, max_length, plan, progress)
             _raise_if_failed(report, folder)
             write_json(report, staging / "verification.json")
@@ -246,7 +246,8 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
 
 def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
     """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
-    `checked` its `(model, decoder, reference, length, quantization, attention)`) and
+    `checked` its `(model, source, reference, length, quantization, attention)`, `source`
+    the description on demand) and
     LiteRT-LM's engine's text, with the attention, Keras backend and formats it ran."""
     model = checked[0]
     runtimes = _runtimes(staging, formats, max_length, checked[4])
@@ -262,11 +263,11 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
 
 
 def _verify(
-    model, decoder, reference, runtimes: dict, length: int, quantization, progress: Progress
+    model, source, reference, runtimes: dict, length: int, quantization, progress: Progress
 ) -> dict:
-    """`verify_decoder`'s report, each case said through `progress`; `reference` None is
-    Keras's greedy generation through the step model. A quantized file's: see
-    `quantized_save.py`."""
+    """`verify_decoder`'s report, each case said through `progress`; `source` the
+    description on demand (`on_demand.py`); `reference` None is Keras's greedy generation
+    through the step model. A quantized file's: see `quantized_save.py`."""
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     if quantization is not None:
@@ -274,11 +275,11 @@ def _verify(
 
         keras_hub = reference is not None
         return verify_quantized_decoder(
-            model, decoder, keras_hub, runtimes, length, quantization, progress
+            model, source, keras_hub, runtimes, length, quantization, progress
         )
 
-    window = widest_window(decoder)
-    count = len(decoder_cases(decoder.vocabulary, length, window=window)) + 1  # teacher-forced
+    window = source.window
+    count = len(decoder_cases(source.vocabulary, length, window=window)) + 1  # teacher-forced
     name = "Keras" if reference is None else "keras_hub"
     if reference is None:
         reference = lambda prompts, mask, steps: keras_greedy(model, prompts, mask, steps)  # noqa: E731
@@ -287,26 +288,33 @@ def _verify(
         model,
         runtimes,
         length,
-        decoder.vocabulary,
+        source.vocabulary,
         reference,
         window,
-        decoder=decoder,
+        decoder=source,
         reference_name=name,
     )
 
 
 def _described(model, max_length: int, bfloat16: str):
-    """`(model, decoder, reference, slots)`: the model verified against (a float32 copy of a
-    bfloat16 one), its description, the greedy reference (None: Keras's step model) and the
-    cache slots the reference holds."""
+    """`(model, decoder, source, reference, slots)`: the model verified against (a float32
+    copy of a bfloat16 one), its description, the description on demand (`on_demand.py`:
+    verification makes it again only where a judge needs it), the greedy reference (None:
+    Keras's step model) and the cache slots the reference holds."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
     refuse_model_kind(model)
-    if bridge.is_keras_hub_causal_lm(model):
-        decoder = bridge.describe_causal_lm(model, max_length)
-        return model, decoder, bridge.keras_hub_greedy(model), max_length
-    model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
-    return model, describe_decoder(model, max_length), None, model.inputs[1].shape[3]
+    hub = bridge.is_keras_hub_causal_lm(model)
+    if hub:
+        describe = functools.partial(bridge.describe_causal_lm, model, max_length)
+    else:
+        model, _ = exportable_model(model, bfloat16, copied=("bfloat16", "float16"))
+        describe = functools.partial(describe_decoder, model, max_length)
+    decoder = describe()  # refuses a model it cannot describe, naming the layer
+    source = on_demand(decoder, describe)
+    if hub:
+        return model, decoder, source, bridge.keras_hub_greedy(model), max_length
+    return model, decoder, source, None, model.inputs[1].shape[3]
 
 
 def _write(files: dict, staging: Path, weights=None) -> None:
@@ -324,18 +332,26 @@ def _write(files: dict, staging: Path, weights=None) -> None:
 
 def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantization) -> dict:
     """One greedy runner per file written, by runtime name (and for a quantized file with
-    int8 activations the same file with float arithmetic: `float_arithmetic_runtime`)."""
+    int8 activations the same file with float arithmetic: `float_arithmetic_runtime`).
+    The ONNX runtimes open at their first call, one at a time (`on_demand.OneAtATime`):
+    each holds the weights once more."""
     from keras_posenc.export.decoder.quantized_save import float_arithmetic_runtime
 
-    runtimes = {}
+    runtimes, slot = {}, OneAtATime()
     if "onnx" in formats:
-        path = staging / "model.onnx"
-        runtimes["onnxruntime"] = _onnx_runtime(path, max_length)
-        runtimes.update(float_arithmetic_runtime(path, max_length, quantization))
+        onnx_path = staging / "model.onnx"  # each path its own name: read when a runtime runs
+        runtimes["onnxruntime"] = slot.runtime(
+            "onnxruntime", lambda: _onnx_runtime(onnx_path, max_length)
+        )
+        runtimes.update(float_arithmetic_runtime(onnx_path, max_length, quantization, slot))
         if importlib.util.find_spec("onnxruntime_genai") is not None:
-            model = genai_model(staging)  # refused here: a folder og cannot load
-            runtimes["onnxruntime-genai"] = genai_greedy(model, max_length)
+            # A folder og cannot load is refused at its first run (ExportError).
+            runtimes["onnxruntime-genai"] = slot.runtime(
+                "onnxruntime-genai", lambda: genai_greedy(genai_model(staging), max_length)
+            )
     if "litert" in formats:
-        path = staging / "model.tflite"
-        runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(path, prompts, mask, steps)
+        tflite_path = staging / "model.tflite"
+        runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(
+            tflite_path, prompts, mask, steps
+        )
     return runtimes
