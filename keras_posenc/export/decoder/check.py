@@ -67,13 +67,6 @@ def long_case(rng, vocabulary: int, max_length: int, window: int) -> dict:
     return {"name": name, "prompts": prompts, "mask": mask, "steps": steps}
 
 
-def widest_window(decoder) -> int | None:
-    """The widest sliding window of `decoder` (a `Decoder`), or None: the description keeps
-    only windows narrower than its `max_length`."""
-    windows = [block.attention.window for block in decoder.blocks]
-    return max((w for w in windows if w is not None), default=None)
-
-
 def decoder_cases(
     vocabulary: int, max_length: int, seed: int = 0, window: int | None = None
 ) -> list[dict]:
@@ -263,7 +256,7 @@ def verify_decoder(
     `reference`, a greedy function of the same form, replaces the step model's
     (`keras_greedy`) as what the runtimes must match (a keras_hub CausalLM's own
     generation), named `reference_name` in the report; `window`, the decoder's widest
-    sliding window (`widest_window`), adds the case past it; `decoder`, the description
+    sliding window (`description.widest_window`), adds the case past it; `decoder`, the description
     (or `on_demand.DescriptionOnDemand`: made only where the float64 decode is run),
     enables the float64 decode (`exact.py`) that judges router ties and a reference less
     exact than the file (`judge.py`).

@@ -228,3 +228,10 @@ def optional_parts(decoder: Decoder) -> list[str]:
         "a final logit soft cap": bool(decoder.final_softcap),
     }
     return [name for name, present in used.items() if present]
+
+
+def widest_window(decoder) -> int | None:
+    """The widest sliding window of `decoder` (a `Decoder`), or None: the description keeps
+    only windows narrower than its `max_length`."""
+    windows = [block.attention.window for block in decoder.blocks]
+    return max((w for w in windows if w is not None), default=None)
