@@ -22,7 +22,7 @@ import keras
 
 from keras_posenc import RotaryMultiHeadAttention
 from keras_posenc import export as kpe
-from keras_posenc.export import encoders
+from keras_posenc_cli import encoders
 
 FORMATS = ("saved_model", "onnx", "litert")
 

@@ -3,7 +3,7 @@
 With no arguments it builds the default encoders, writes each one's SavedModel, ONNX file,
 LiteRT file and verification report to `export/artifacts/<name>/`, and prints a table of
 the errors and latencies; see `python -m export --help`. This folder is only the entry:
-the arguments are `keras_posenc_cli.arguments`, the job `keras_posenc.export.job`.
+the arguments are `keras_posenc_cli.arguments`, the job `keras_posenc_cli.job`.
 Importing it imports nothing heavy, so that `--help` answers without TensorFlow.
 """
 

@@ -5,7 +5,7 @@ computed in float64 on the host and rounded once, so values are exact at any pos
 The layers run on the TensorFlow, JAX and PyTorch backends; the exports need TensorFlow.
 """
 
-from keras_posenc_cli.quiet import keras_backend_configured, quiet_tensorflow_start
+from keras_posenc_startup import keras_backend_configured, quiet_tensorflow_start
 
 BACKENDS = ("tensorflow", "jax", "torch")
 _BACKEND_HINT = (

@@ -18,6 +18,15 @@ import numpy as np
 _INTEGER = (int, np.integer)
 
 
+def short_repr(value, limit: int = 60) -> str:
+    """`repr(value)`, cut to `limit` characters: messages never print a huge list."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} entries)" if hasattr(value, "__len__") else ""
+    return text[: limit - 3] + "..." + size
+
+
 def is_int(value) -> bool:
     """Whether `value` is a Python or numpy integer (bools are not)."""
     return isinstance(value, _INTEGER) and not isinstance(value, (bool, np.bool_))

@@ -13,8 +13,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_posenc._checks import short_repr
 from keras_posenc.configs.language_model import as_dict, language_config
-from keras_posenc.scaling_keys import short_repr
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")

@@ -25,7 +25,7 @@ from keras import ops
 from keras_posenc._checks import checked_positive_int, is_int
 from keras_posenc._lazy import tricks
 from keras_posenc.frequencies import FrequencyTable
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 from keras_posenc.rows import as_rows
 
 # --------------------------------------------------------------------------------------

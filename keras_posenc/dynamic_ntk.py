@@ -8,8 +8,10 @@ are two float32 words (`hi + lo`, 48 significant bits), and `tricks().exact_sin_
 them into angles without rounding the product.
 
 Where L is known now (eagerly) the words are the host's float64 values, rounded once. In a
-graph they are made with float32 arithmetic only (no float64: TPUs have none), with
-error-free products (Veltkamp / Dekker) on two-word numbers:
+plain TensorFlow graph, which runs on a CPU or a GPU op by op, the same formula in float64
+(a dozen ops). Under XLA (TPUs have no float64) and in converters' files they are made with
+float32 arithmetic only, with error-free products (Veltkamp / Dekker) on two-word numbers
+(a few hundred ops, which XLA fuses into a few kernels):
 
 - `c0 = g^(-1/n)` in float32 (a few ulp off), and its powers `c0^k` as two words, exact
   to 2^-44, for every pair by repeated doubling (`c0^(2^b)`);
@@ -34,6 +36,30 @@ def two_words(values) -> tuple[np.ndarray, np.ndarray]:
     values = np.asarray(values, np.float64)
     high = values.astype(np.float32)
     return high, (values - high.astype(np.float64)).astype(np.float32)
+
+
+def fixed_point_turns(high, low, round_, as_int32):
+    """`high + low` (a frequency in turns, below 1) as `(whole, rest)`: `whole` an int32
+    count of 2^-32 turns (modulo a turn: int32 arithmetic wraps at 2^32, one turn) and
+    `rest` a float32 number of 2^-32 turns, `|rest| <= 1.5`.
+
+    Roundings to whole numbers and scalings by powers of two: exact, and no product an FMA
+    could change. `rest` is one sum, rounded once (2^-24 of a 2^-32 turn). The rotation
+    `tricks().exact_sin_cos` multiplies a position by both; `round_` and `as_int32` are
+    its backend's (round half to even; a cast of whole numbers).
+    """
+    high = high - round_(high)  # the fraction of a turn, in [-1/2, 1/2]: exact
+    scaled_high = high * 2.0**31  # 2^-31 turns: an int32 even at half a turn
+    whole_high = round_(scaled_high)
+    scaled_low = low * 2.0**32  # |low| <= 2^-25: at most 2^7
+    whole_low = round_(scaled_low)
+    rest = (scaled_high - whole_high) * 2.0 + (scaled_low - whole_low)
+    return as_int32(whole_high) * 2 + as_int32(whole_low), rest
+
+
+def float64(value):
+    """`value` as a float64 tensor (a Python number would take the backend's float type)."""
+    return ops.convert_to_tensor(np.asarray(value, np.float64), "float64")
 
 
 # Two-word arithmetic on float32 tensors (each op exact, or rounded once at 2^-48).
@@ -117,18 +143,30 @@ class DynamicFrequencies:
     def turns(self, total_length) -> tuple:
         """`(hi, lo)` float32 tensors `(d/2,)` of `ω'/2π` for the total length.
 
-        A length known now gets the host's rows; a traced one, the two-word arithmetic past
-        M (in a graph, a conditional: at or below M the host's words of `ω`).
+        A length known now gets the host's rows; a traced one, the two-word float32
+        arithmetic, or float64 where the graph runs op by op (`tricks().dynamic_words`).
         """
         t = tricks()
         known = t.static_value(total_length)
         if known is not None and not t.is_symbolic(known) and np.ndim(known) == 0:
             return tuple(ops.convert_to_tensor(a) for a in self.host_turns(int(known)))
-        return t.apart(
+        return t.dynamic_words(
             lambda: self.traced_turns(total_length),
+            lambda: self.float64_turns(total_length),
             total_length > self.max_position_embeddings,
             self._turns,  # the host's words of ω/2π: g = 1 at or below M
         )
+
+    def float64_turns(self, total_length) -> tuple:
+        """`turns` in float64 arithmetic, for a length known at run time: `host_turns`'
+        formula, each step within a float64 rounding (2^-52), rounded to two words."""
+        m = float(self.max_position_embeddings)
+        length = ops.maximum(ops.cast(total_length, "float64"), float64(m))
+        growth = float64(self.factor) * length / float64(m) - float64(self.factor - 1.0)
+        exponents = float64(-np.arange(self.pairs) / self.exponent)
+        turns = float64(self.omega / (2 * math.pi)) * ops.exp(exponents * ops.log(growth))
+        high = ops.cast(turns, "float32")
+        return high, ops.cast(turns - ops.cast(high, "float64"), "float32")
 
     def traced_turns(self, total_length) -> tuple:
         """`turns` with float32 arithmetic only, for a length known at run time.

@@ -33,7 +33,7 @@ from keras_posenc._scope import rotation_scope
 from keras_posenc.axes import axes_rotation_rows, checked_axes_dims, checked_mrope_section
 from keras_posenc.frequencies import MAX_POSITIONS, PositionTable, held_tables
 from keras_posenc.positions import position_rows, rows_of_run, static_dim
-from keras_posenc.rope_scaling import check_shared_keys, checked_scaling, rope_parameters
+from keras_posenc.rope import check_shared_keys, checked_scaling, rope_parameters
 from keras_posenc.rotary_tables import (  # noqa: F401  swap_pairs, rotation_table: re-exported
     channel_tables,
     rotation_rows,
@@ -73,9 +73,9 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         sequence_axis: the axis of the positions in the input.
         feature_axis: the axis of the channels in the input.
         scaling: optional dict in the shape of transformers' `rope_scaling`: a `rope_type`
-            (`"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`, `"longrope"`) and its keys; see
-            `keras_posenc.rope_scaling`. `from_transformers_config` builds the layer from a
-            whole transformers config.
+            and its keys (`keras_posenc.rope.ROPE_TYPES` holds the types, each with its
+            keys). `from_transformers_config` builds the layer from a whole transformers
+            config.
         positions_from_mask: when the input carries a padding mask `(batch, sequence)` and
             no `positions` are given, use `start_index + cumsum(mask) - 1` (clamped), so
             left-padded sequences rotate as if unpadded.

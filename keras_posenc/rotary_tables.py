@@ -4,7 +4,7 @@
 what it multiplies with. `C = cos` and `S = ∓sin` (minus on a pair's first channel) per
 channel come ready from the shared frequency table; a scaling that switches frequencies
 by the total length (`longrope`, `dynamic`) gets a `SwitchByLength` between two sources
-of rows (`keras_posenc.rope_scaling` defines the frequencies themselves).
+of rows (`keras_posenc.rope` defines the frequencies themselves).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from keras_posenc import layouts
 from keras_posenc._lazy import tricks
 from keras_posenc.frequencies import FrequencyTable, PositionTable, position_table
-from keras_posenc.rope_scaling import DynamicRows, SwitchByLength, rope_parameters
+from keras_posenc.rope import DynamicRows, SwitchByLength, rope_parameters
 
 
 def channel_tables(layout: str, sin, cos) -> tuple:

@@ -4,7 +4,7 @@ It lives outside the `keras_posenc` package because importing that package loads
 TensorFlow (seconds, and hundreds of MB): here `--help` and argument errors are answered
 without it, and TensorFlow's log level is set before it loads. The job runs on
 TensorFlow whatever `KERAS_BACKEND` says (`_on_tensorflow`). The job itself is
-`keras_posenc.export.job`.
+`keras_posenc_cli.job`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from keras_posenc_cli.quiet import filtered_stderr, is_noise
+from keras_posenc_startup import filtered_stderr, is_noise
 
 __all__ = ["filtered_stderr", "is_noise", "main", "quiet_environment"]
 
@@ -35,7 +35,7 @@ def quiet_environment() -> bool:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -> int:
-    """Parses the arguments, then runs `keras_posenc.export.job.run` quietly.
+    """Parses the arguments, then runs `keras_posenc_cli.job.run` quietly.
 
     Returns:
         The exit status: 0 when every verification passed (2 for a bad argument, from
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "keras-posenc-export") -
         return status
     context = filtered_stderr() if quiet else contextlib.nullcontext()
     with context:
-        from keras_posenc.export.job import run
+        from keras_posenc_cli.job import run
 
         return run(arguments)
 

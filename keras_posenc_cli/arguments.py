@@ -73,6 +73,7 @@ def default_out() -> Path:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
+    """The job's parser: what to export and where, how, and how it is verified."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
@@ -109,6 +110,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="folder for the artifacts, one subfolder per model (default: export/artifacts "
         f"in the repository checkout, else ./{ARTIFACTS_NAME})",
     )
+    _add_export_options(parser)
+    _add_verification_options(parser)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show TensorFlow's and the converters' own log lines too",
+    )
+    return parser
+
+
+def _add_export_options(parser: argparse.ArgumentParser) -> None:
+    """How the files are written: the opset, the form of RoPE, the positions served."""
     parser.add_argument(
         "--opset",
         type=int,
@@ -135,6 +148,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "verification goes up to it (default: the smallest learned position table, if any; "
         "else unbounded). --max-length is the old name",
     )
+
+
+def _add_verification_options(parser: argparse.ArgumentParser) -> None:
+    """What the verification runs: its shapes and how often each timed one is called."""
     for flag, default, what in (
         ("--batch-sizes", BATCH_SIZES, "batch sizes to verify"),
         (
@@ -158,12 +175,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="timed calls per runtime for the shapes the table shows; latency is their "
         f"median (default: {REPEATS})",
     )
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        help="show TensorFlow's and the converters' own log lines too",
-    )
-    return parser
 
 
 def _glued(argv: Sequence[str]) -> list[str]:

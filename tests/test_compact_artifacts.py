@@ -30,7 +30,7 @@ from keras_posenc import (
     _tf,
 )
 from keras_posenc import export as kpe
-from keras_posenc.export import encoders
+from keras_posenc_cli import encoders
 
 CACHED = 4096
 FLOAT = 4

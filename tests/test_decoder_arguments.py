@@ -79,10 +79,10 @@ def test_max_length_past_the_tables_is_refused_for_keras_hub_too(tmp_path, monke
     _no_work(monkeypatch)
     with pytest.raises(ValueError, match=rf"max_length.*{MAX_POSITIONS}"):
         save_decoder(causal_lm, tmp_path / "out", max_length=MAX_POSITIONS + 1)
-    from keras_posenc.keras_hub import describe
+    from keras_posenc.keras_hub import backbone_reader
 
     with pytest.raises(TypeError, match="max_length"):
-        describe.describe_causal_lm(causal_lm, "128")
+        backbone_reader.describe_causal_lm(causal_lm, "128")
 
 
 def test_a_numpy_integer_max_length_works(tmp_path):
@@ -164,7 +164,7 @@ class Doubled(keras.layers.Layer):
 
 
 def test_cli_imports_the_users_module_before_loading(tmp_path, monkeypatch):
-    from keras_posenc.export import job
+    from keras_posenc_cli import job
     from keras_posenc_cli.arguments import parse_arguments
 
     name = "user_layers_for_the_cli_test"

@@ -141,11 +141,11 @@ def test_refusals_name_the_problem_and_write_nothing(causal_lm, tmp_path, monkey
     _refused(causal_lm, tmp_path / "e", r"token ids \[1000\] are outside the vocabulary")
 
 
-def test_a_byte_pair_tokenizer_is_refused_by_name(tmp_path):
+def test_a_tokenizer_of_another_kind_is_refused_by_name(tmp_path):
     import keras_hub
 
-    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}
-    byte_pair = keras_hub.tokenizers.BytePairTokenizer(vocabulary=vocabulary, merges=["a b"])
+    vocabulary = ["[PAD]", "[UNK]", "the", "fox"]
+    word_piece = keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary)
     causal_lm = tiny_llama_with_tokenizer()  # a fresh one: a built preprocessor takes no layer
-    causal_lm.preprocessor.tokenizer = byte_pair
-    _refused(causal_lm, tmp_path / "out", "BytePairTokenizer is not one")
+    causal_lm.preprocessor.tokenizer = word_piece
+    _refused(causal_lm, tmp_path / "out", "WordPieceTokenizer is neither")

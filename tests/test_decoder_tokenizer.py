@@ -8,9 +8,7 @@ keras_hub `Llama3Tokenizer` of that vocabulary and those merges.
 
 from __future__ import annotations
 
-import collections
 import json
-import re
 import shutil
 from types import SimpleNamespace
 
@@ -18,23 +16,13 @@ import keras_hub
 import numpy as np
 import pytest
 from keras_hub_models import og_greedy_text, redraw
+from tiny_byte_pair import CORPUS, train_byte_pair
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 
 og = pytest.importorskip("onnxruntime_genai")
 
-CORPUS = (
-    "the cat sat on the mat. the dog sat on the log! then the cat ran, and the dog ran too. "
-    "a bird sang 12 songs in 2024; the sun is hot today."
-)
-SPECIALS = [
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-]
 TEXTS = [
     "the cat sat on the mat.",
     "the dog ran too!",
@@ -43,55 +31,6 @@ TEXTS = [
     "ünïcode, émoji 🙂 too",
     "the cat<|end_of_text|>",
 ]
-
-
-def _bytes_to_unicode() -> dict:
-    """GPT-2's map of the 256 bytes to printable characters."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    extra = [b for b in range(256) if b not in printable]
-    return {
-        **{b: chr(b) for b in printable},
-        **{b: chr(256 + n) for n, b in enumerate(extra)},
-    }
-
-
-def train_byte_pair(corpus: str, merges: int = 40, ascii: bool = False) -> tuple[dict, list]:
-    """`(vocabulary, merges)`: the 256 bytes (or printable ASCII and the newline), the
-    most frequent pairs merged in turn."""
-    chars = _bytes_to_unicode()
-    if ascii:
-        chars = {b: c for b, c in chars.items() if 32 <= b < 127 or b == 10}
-    pieces = re.findall(r" ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+", corpus)
-    words = collections.Counter(tuple("".join(chars[b] for b in p.encode())) for p in pieces)
-    learned = []
-    for _ in range(merges):
-        pairs = collections.Counter()
-        for word, count in words.items():
-            for pair in zip(word[:-1], word[1:], strict=True):
-                pairs[pair] += count
-        if not pairs:
-            break
-        (a, b), _ = pairs.most_common(1)[0]
-        learned.append(f"{a} {b}")
-        merged = {}
-        for word, count in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if word[i : i + 2] == (a, b):
-                    out.append(a + b)
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            merged[tuple(out)] = count
-        words = merged
-    vocabulary = {c: i for i, c in enumerate(chars.values())}
-    for merge in learned:
-        vocabulary.setdefault(merge.replace(" ", ""), len(vocabulary))
-    for special in SPECIALS:
-        vocabulary[special] = len(vocabulary)
-    return vocabulary, learned
 
 
 @pytest.fixture(scope="module")

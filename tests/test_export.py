@@ -34,8 +34,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:  # `export` is a top-level folder of the repository
     sys.path.insert(0, str(REPOSITORY))
 
-from keras_posenc.export.encoders import DEFAULT_ENCODERS, build_encoder  # noqa: E402
 from keras_posenc.export.verify.runtimes import onnx_session  # noqa: E402
+from keras_posenc_cli.encoders import DEFAULT_ENCODERS, build_encoder  # noqa: E402
 
 SMALL_GRID = {"batch_sizes": (1, 3), "sequence_lengths": (2, 17), "repeats": 1}
 # For unbounded models: the cases that reach every cached row (4096 steps and more) are

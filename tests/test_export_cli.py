@@ -196,8 +196,8 @@ def test_default_out_is_export_artifacts_only_in_the_checkout(tmp_path, monkeypa
 
 
 def test_the_front_doors_defaults_are_the_packages():
-    from keras_posenc.export.encoders import DEFAULT_ENCODERS
     from keras_posenc_cli import arguments
+    from keras_posenc_cli.encoders import DEFAULT_ENCODERS
 
     assert arguments.ENCODERS == tuple(DEFAULT_ENCODERS)
     assert arguments.BATCH_SIZES == kpe.BATCH_SIZES

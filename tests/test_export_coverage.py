@@ -20,7 +20,7 @@ from onnx import numpy_helper
 
 from keras_posenc import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from keras_posenc import export as kpe
-from keras_posenc.export.encoders import EncoderSpec, build_encoder
+from keras_posenc_cli.encoders import EncoderSpec, build_encoder
 
 CACHED = 4096  # rows of the cached table and of each split table
 MAX_POSITIONS = CACHED * CACHED

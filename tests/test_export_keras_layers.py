@@ -9,6 +9,7 @@ run is refused with an error that names the op, the layer and a fix.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import pytest
 
 from keras_posenc import RotaryMultiHeadAttention
@@ -84,3 +85,24 @@ def test_keras_causal_attention_is_refused_by_litert_with_the_fix(tmp_path):
     ):
         kpe.save_litert(model, tmp_path / "model.tflite")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fix_the_error_names_is_the_causal_mask_and_converts(tmp_path):
+    # The error names keras_posenc.export.causal_mask: it must exist there, be the lower
+    # triangle (numpy's), and make the same attention convert with built-in ops.
+    mask = np.asarray(kpe.causal_mask(np.zeros((2, 5, 3), np.float32)))
+    np.testing.assert_array_equal(mask, np.tril(np.ones((5, 5), bool))[None])
+
+    class CausalAttention(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.attention = keras.layers.GroupQueryAttention(4, 4, 2, name="gqa")
+
+        def call(self, x):  # the mask of the call's length, made while it is traced
+            return self.attention(x, x, attention_mask=kpe.causal_mask(x))
+
+    x = keras.Input((None, 8), name="x")
+    model = keras.Model(x, CausalAttention(name="causal_gqa")(x))
+    path = kpe.save_litert(model, tmp_path / "model.tflite", max_sequence_length=17)
+    report = kpe.verify_export(model, None, None, litert_path=path, repeats=1, **GRID)
+    assert report["passed"], report["summary"]

@@ -20,7 +20,7 @@ from keras_posenc import (
     SinusoidalPositionalEncoding,
 )
 from keras_posenc import export as kpe
-from keras_posenc.export.encoders import EncoderSpec, build_encoder
+from keras_posenc_cli.encoders import DEFAULT_ENCODERS, EncoderSpec, build_encoder
 
 GRID = {"batch_sizes": (1, 2), "sequence_lengths": (2, 17), "repeats": 1}
 CACHED = 4096
@@ -251,7 +251,7 @@ def test_the_file_holds_each_table_once(converted, tmp_path):
     parameters = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
     assert path.stat().st_size <= 1.2 * (parameters + _table_bytes(4, rotary=True))
     # A learned encoder of the default size: its weights alone.
-    learned = build_encoder(kpe.encoders.DEFAULT_ENCODERS["learned"])
+    learned = build_encoder(DEFAULT_ENCODERS["learned"])
     path = kpe.save_litert(learned, tmp_path / "learned.tflite")
     parameters = sum(int(np.prod(w.shape)) * 4 for w in learned.weights)
     assert path.stat().st_size <= 1.2 * parameters

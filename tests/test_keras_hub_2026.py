@@ -36,8 +36,7 @@ from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_o
 from keras_posenc.export.decoder.greedy_generation import keras_greedy
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild
-from keras_posenc.keras_hub.describe import FAMILIES
+from keras_posenc.keras_hub import FAMILIES, describe_causal_lm, keras_hub_greedy, rebuild
 
 _tiny = functools.cache(tiny_causal_lm_2026)
 

@@ -118,7 +118,7 @@ def _window(decoder, window):
 
 
 def _plain_rope(decoder):
-    from keras_posenc.keras_hub.rope import exact_tables
+    from keras_posenc.keras_hub.rotary_layers import exact_tables
 
     return dataclasses.replace(decoder, rope=exact_tables(16, 10000.0, None, MAX_LENGTH))
 

@@ -83,14 +83,57 @@ def test_the_passes_stand_in_the_order_their_reasons_give():
     names = [p.name for p in onnx_passes.PASSES]
     assert names == [
         "erfc",
+        "extra",
+        "check",
+        "constants",
         "opset",
         "rotary",
         "reshape_sizes",
         "cse",
         "guards",
         "cse_after_guards",
+        "dynamic_axes",
     ]
     assert all(p.reason for p in onnx_passes.PASSES)
+    every_conversion = [p.name for p in onnx_passes.PASSES if not p.optimizes]
+    assert every_conversion == ["erfc", "extra", "check", "constants", "dynamic_axes"]
+
+
+def test_onnx_model_runs_the_pipeline_and_checks_once(monkeypatch):
+    model, _ = _gelu_encoder()
+    ran, checked = [], []
+    real_run, real_check = onnx_passes.run_passes, onnx.checker.check_model
+    monkeypatch.setattr(
+        onnx_passes, "run_passes", lambda *a, **k: ran.append(1) or real_run(*a, **k)
+    )
+    monkeypatch.setattr(
+        onnx.checker, "check_model", lambda *a, **k: checked.append(1) or real_check(*a, **k)
+    )
+    for rotary in ("fused", None):
+        ran.clear(), checked.clear()
+        export.onnx_model(model, rotary=rotary)
+        assert (len(ran), len(checked)) == (1, 1), rotary
+
+
+def test_the_callers_passes_run_before_the_check_and_may_return_a_new_proto():
+    model, _ = _gelu_encoder()
+    seen = []
+
+    def documented(proto: onnx.ModelProto) -> onnx.ModelProto:
+        seen.append(onnx_passes.op_counts(proto).get("Erfc", 0))
+        new = copy.deepcopy(proto)
+        new.doc_string = "rewritten by the caller"
+        return new
+
+    proto = export.onnx_model(model, rotary=None, passes=[documented])
+    assert seen == [0]  # after erfc
+    assert proto.doc_string == "rewritten by the caller"
+
+    def unknown_op(proto: onnx.ModelProto) -> None:
+        proto.graph.node[0].op_type = "NotAnOnnxOp"
+
+    with pytest.raises(export.ExportError, match="NotAnOnnxOp"):
+        export.onnx_model(model, passes=[unknown_op])
 
 
 def test_run_passes_returns_each_pass_s_count():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_posenc_cli.quiet import is_noise
+from keras_posenc_startup import is_noise
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = """

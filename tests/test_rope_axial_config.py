@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from float32_error import assert_within_bound, rotation_error, torch_table_error
 
-from keras_posenc import RotaryEmbedding, grid_positions, scaling_keys
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc import RotaryEmbedding, grid_positions
+from keras_posenc.rope import rope_parameters
 
 # The layer is within a few float32 roundings of float64; transformers forms its angles in
 # float32 (position · ω rounded, positions below 16 here).
@@ -114,11 +114,15 @@ def test_axial_is_no_scaling_of_one_axis():
         RotaryEmbedding(scaling={"rope_type": "axial"})(np.zeros((1, 2, 1, 16), np.float32))
 
 
-def test_an_unknown_rope_type_is_an_error_not_another_type(monkeypatch):
+def test_an_unknown_rope_type_is_an_error_not_another_type():
     with pytest.raises(ValueError, match=r"Unknown rope_type 'made_up'"):
         rope_parameters(16, 1e4, {"rope_type": "made_up"})
-    # A type the key table knows but the frequencies do not: refused by name, never read
-    # as longrope (the last case of `rope_parameters`).
-    monkeypatch.setitem(scaling_keys.ROPE_TYPES, "made_up", ((), ()))
-    with pytest.raises(ValueError, match=r"rope_type 'made_up' has no frequencies"):
-        rope_parameters(16, 1e4, {"rope_type": "made_up"})
+    with pytest.raises(ValueError, match=r"Unknown rope_type 'made_up'"):
+        RotaryEmbedding.from_transformers_config(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_scaling": {"rope_type": "made_up", "factor": 2.0},
+            }
+        )

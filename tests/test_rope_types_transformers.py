@@ -15,7 +15,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from keras_posenc import RotaryEmbedding
 from keras_posenc.configs.arguments import rotary_arguments
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 
 SIZES = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings": 4096}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}  # 4096/512 = 8

@@ -27,7 +27,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from keras_posenc import RotaryEmbedding
 from keras_posenc.configs.arguments import attention_arguments, rotary_arguments
 from keras_posenc.configs.families import FAMILIES
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 
 torch.manual_seed(0)
 SIZES = {

@@ -64,8 +64,8 @@ from keras_posenc._keras_ops.rows import (  # noqa: F401
     validity,
 )
 from keras_posenc._keras_ops.tables import (  # noqa: F401
-    apart,
     channel_tables,
+    dynamic_words,
     encoding,
     exact_sin_cos,
     one_call_eagerly,

@@ -17,8 +17,9 @@ from keras import ops
 from keras_posenc import layouts
 from keras_posenc._host_constant import HostConstant
 from keras_posenc._keras_ops.values import is_traced
+from keras_posenc.dynamic_ntk import fixed_point_turns
 
-_TURN = 2**31  # one turn, as in `keras_posenc._tf.exact_sin_cos`
+_TURN = 2**32  # one turn, as in `keras_posenc._tf.exact_sin_cos`
 
 
 def one_call_eagerly(function: Callable) -> Callable:
@@ -87,52 +88,30 @@ def _run_by_slices(frequencies, start, length: int):
     return sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b
 
 
-def apart(compute: Callable, scaled, unscaled: tuple) -> tuple:
-    """`_tf.apart` here: under `jax.jit` (a traced `scaled`) a `jax.lax.cond` between
-    `compute()` and the host words `unscaled`, which also keeps `compute` out of the
-    fused kernels of the rows; elsewhere plain `compute()`."""
+def dynamic_words(narrow: Callable, wide: Callable, scaled, unscaled: tuple) -> tuple:
+    """`_tf.dynamic_words` here: under `jax.jit` (a traced `scaled`) a `jax.lax.cond`
+    between `narrow()` and the host words `unscaled`, which also keeps `narrow` out of the
+    fused kernels of the rows; elsewhere plain `narrow()` (`wide`, float64, is for
+    TensorFlow's plain graphs)."""
+    del wide
     if keras.backend.backend() != "jax" or not is_traced(scaled):
-        return compute()
+        return narrow()
     import jax
 
     words = tuple(ops.convert_to_tensor(word) for word in unscaled)
-    return tuple(jax.lax.cond(scaled, lambda: tuple(compute()), lambda: words))
-
-
-def _words(high, low):
-    """`_tf.tables._fixed_point_words` here (the same grid roundings)."""
-    w1 = ops.round(high * 4096.0) * (1.0 / 4096.0)
-    rest = high - w1
-    w2 = ops.round(rest * 2.0**24) * 2.0**-24
-    rest = (rest - w2) + low
-    w3 = ops.round(rest * 2.0**36) * 2.0**-36
-    return w1, w2, w3, rest - w3
+    return tuple(jax.lax.cond(scaled, lambda: tuple(narrow()), lambda: words))
 
 
 def exact_sin_cos(positions, turns: tuple):
-    """`_tf.exact_sin_cos` here: the same fixed-point sum, so the same angles.
-
-    JAX has no int64 by default: its sum is int32, which wraps modulo 2^32; a turn being
-    2^31, the wrapped sum reduces to the same fraction of a turn (a bit mask, not floormod).
-    """
-    wide = "int64" if keras.backend.backend() == "torch" else "int32"
-    words = _words(*(ops.cast(t, "float32") for t in turns))
+    """`_tf.exact_sin_cos` here: the same int32 fixed-point product, so the same angles
+    (int32 arithmetic wraps modulo 2^32, a turn, on every backend)."""
+    whole, rest = fixed_point_turns(
+        *(ops.cast(t, "float32") for t in turns), ops.round, lambda x: ops.cast(x, "int32")
+    )
     positions = ops.expand_dims(ops.cast(positions, "int32"), -1)
-    position_low = positions % 4096
-    position_high = ops.cast(positions - position_low, "float32")
-    position_low = ops.cast(position_low, "float32")
-    # Exact products; position_high · w1 is left out: a multiple of 4096 times a multiple
-    # of 2^-12 is a whole number of turns.
-    products = [position_low * words[0]]
-    products += [p * w for p in (position_high, position_low) for w in words[1:3]]
-    products.append((position_high + position_low) * words[3])  # below 2^-13: rounded once
-    fixed = ops.zeros((), wide)
-    for product in products:
-        fraction = product - ops.round(product)
-        fixed = fixed + ops.cast(ops.round(fraction * float(_TURN)), wide)
-    half = _TURN // 2
-    wrapped = ops.bitwise_and(fixed + half, _TURN - 1) - half
-    angle = ops.cast(wrapped, "float32") * np.float32(2.0 * np.pi / _TURN)
+    fraction = ops.round(ops.cast(positions, "float32") * rest)
+    fixed = positions * whole + ops.cast(fraction, "int32")
+    angle = ops.cast(fixed, "float32") * np.float32(2.0 * np.pi / _TURN)
     return ops.sin(angle), ops.cos(angle)
 
 

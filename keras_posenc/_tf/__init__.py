@@ -85,8 +85,8 @@ from keras_posenc._tf.rows import (  # noqa: F401
 
 # The values of the rows in the graph: the split tables, dynamic NTK, layouts (`tables`).
 from keras_posenc._tf.tables import (  # noqa: F401
-    apart,
     channel_tables,
+    dynamic_words,
     encoding,
     exact_sin_cos,
     one_call_eagerly,

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from keras_posenc.dynamic_ntk import fixed_point_turns
+
 # --------------------------------------------------------------------------------------
 # Rows of the split tables, and of frequencies made in the graph
 
@@ -41,43 +43,33 @@ def run_sin_cos(frequencies, start, length, top: int, below: int | None):
     return frequencies.sin_cos(clamped_run(start, length, top), below=below)
 
 
-def _fixed_point_words(high, low, round_):
-    """`high + low` (a frequency in turns, below 1) as `w1 + w2 + w3 + w4`: `w1`, `w2`, `w3`
-    multiples of 2^-12, 2^-24, 2^-36 with at most 12 significant bits each (so their
-    products with 12-bit parts of a position are exact), `w4` below 2^-37.
+def dynamic_words(narrow: Callable, wide: Callable, scaled, unscaled: tuple) -> tuple:
+    """Dynamic NTK's frequency words for a total length known at run time: two `(width,)`
+    float32 tensors, by float32 arithmetic (`narrow()`) or float64 (`wide()`), whichever
+    the graph being traced runs fastest and can hold.
 
-    Roundings to a grid and differences of neighbours: exact, with no product an FMA
-    could change (a Veltkamp split is not, once XLA contracts `x·4097 - x`).
-    """
-    w1 = round_(high * 4096.0) * (1.0 / 4096.0)
-    rest = high - w1  # exact
-    w2 = round_(rest * 2.0**24) * 2.0**-24
-    rest = (rest - w2) + low  # below 2^-24: the sum rounds at 2^-48
-    w3 = round_(rest * 2.0**36) * 2.0**-36
-    return w1, w2, w3, rest - w3
-
-
-def apart(compute: Callable, scaled, unscaled: tuple) -> tuple:
-    """`compute()` (two `(width,)` tensors) where the run-time predicate `scaled` holds,
-    else the host words `unscaled`; in a graph, a conditional between the two.
-
-    Dynamic NTK's frequency arithmetic (`compute`) is a few hundred small ops. Past
-    `max_position_embeddings` only does it change the frequencies: at or below, the
-    conditional takes the host's unscaled words and runs none of them (the common decode
-    case), in plain graphs and under XLA alike. Under XLA the conditional also keeps the
-    arithmetic apart from the rows' fused kernels (XLA would copy it into each, and
-    compiling those takes minutes for a few hundred positions). Eagerly, and in graphs
-    traced for a converter (whose files then hold no control flow), plain `compute()`.
+    - A plain graph (`tf.function`, a SavedModel) runs each op as its own kernel, on a CPU
+      or a GPU, both of which have float64: `wide()` is a dozen ops where `narrow()`'s
+      error-free float32 arithmetic is a few hundred, each a kernel launch.
+    - Under XLA (TPUs have no float64) `narrow()` fuses into a few kernels, inside a
+      conditional on the run-time predicate `scaled` (past `max_position_embeddings`),
+      whose other branch is the host words `unscaled`: the conditional keeps the
+      arithmetic apart from the rows' fused kernels (XLA would copy it into each, and
+      compiling those takes minutes for a few hundred positions).
+    - Eagerly, and in graphs traced for a converter (whose files then hold no control
+      flow, and LiteRT no float64 `Exp` / `Log`), plain `narrow()`.
     """
     from keras_posenc._tf.tracing import assertions_dropped, in_xla_context
 
     if tf.executing_eagerly() or (assertions_dropped() and not in_xla_context()):
-        return compute()
+        return narrow()
+    if not in_xla_context():
+        return wide()
     words = tuple(tf.constant(word) for word in unscaled)
-    return tuple(tf.cond(scaled, lambda: tuple(compute()), lambda: words))
+    return tuple(tf.cond(scaled, lambda: tuple(narrow()), lambda: words))
 
 
-_TURN = 2**31  # one turn in the fixed-point sum below
+_TURN = 2**32  # one turn in the fixed-point product below: int32 arithmetic wraps at it
 
 
 def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Tensor]:
@@ -85,12 +77,13 @@ def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Ten
 
     For frequencies made inside the graph (dynamic NTK scaling), where no host table can
     exist. `turns` is the frequency in turns per position (`ω / 2π`) as two float32
-    words `(hi, lo)`, below 1 (`keras_posenc.dynamic_ntk`). The product `position · turns`
-    is six exact float32 products of 12-bit parts (`_fixed_point_words`) and one below
-    2^-13 of a turn, rounded once; each is reduced to a fraction of a turn and added in
-    64-bit fixed point (integer arithmetic, which no graph optimizer can reorder). The
-    other roundings are of the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any
-    position below 2^24.
+    words `(hi, lo)`, below 1 (`keras_posenc.dynamic_ntk`). The angle is a count of 2^-32
+    turns: the product of the position with the frequency's whole count of them, in int32
+    arithmetic, which wraps modulo 2^32 (a turn: what wraps is whole turns) and which no
+    graph optimizer can reorder, plus the product with the frequency's fraction of one,
+    below 2^25 and rounded to a whole count (within 3 · 2^-32 turns). The other roundings
+    are of the final angle in `[-π, π)` and of sin/cos: about 3e-7 at any position below
+    2^24. Each element takes two products, a rounding and an integer sum before them.
 
     Args:
         positions: integer tensor, any shape, values in `[0, 2^24)`.
@@ -99,25 +92,15 @@ def exact_sin_cos(positions: tf.Tensor, turns: tuple) -> tuple[tf.Tensor, tf.Ten
     Returns:
         float32 `(sin, cos)`, each of shape `positions.shape + (dim/2,)`.
     """
-    words = _fixed_point_words(*(tf.cast(t, tf.float32) for t in turns), tf.round)
+    whole, rest = fixed_point_turns(
+        *(tf.cast(t, tf.float32) for t in turns), tf.round, lambda x: tf.cast(x, tf.int32)
+    )
     # expand_dims, not [..., None]: tf2onnx needs ranks for the latter, and inside a
     # conditional's branch it does not know them.
     positions = tf.expand_dims(tf.cast(positions, tf.int32), -1)
-    position_low = positions % 4096
-    position_high = tf.cast(positions - position_low, tf.float32)  # 12 significant bits
-    position_low = tf.cast(position_low, tf.float32)
-    # Exact products; position_high · w1 is left out: a multiple of 4096 times a multiple
-    # of 2^-12 is a whole number of turns.
-    products = [position_low * words[0]]
-    products += [p * w for p in (position_high, position_low) for w in words[1:3]]
-    products.append((position_high + position_low) * words[3])  # below 2^-13: rounded once
-    fixed = tf.zeros([], tf.int64)
-    for product in products:
-        fraction = product - tf.round(product)  # exact, in [-0.5, 0.5]
-        fixed += tf.cast(tf.round(fraction * _TURN), tf.int64)
-    half = _TURN // 2
-    wrapped = tf.math.floormod(fixed + half, _TURN) - half  # [-half turn, half turn)
-    angle = tf.cast(wrapped, tf.float32) * np.float32(2.0 * np.pi / _TURN)
+    fraction = tf.round(tf.cast(positions, tf.float32) * rest)  # |.| < 2^25: exact in int32
+    fixed = positions * whole + tf.cast(fraction, tf.int32)  # modulo 2^32: a whole turn
+    angle = tf.cast(fixed, tf.float32) * np.float32(2.0 * np.pi / _TURN)
     return tf.sin(angle), tf.cos(angle)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from keras_posenc._checks import short_repr
 from keras_posenc.attention_temperature import attention_temperature
 from keras_posenc.configs.attention import attention_settings
 from keras_posenc.configs.axial import axial_arguments, is_axial
@@ -34,8 +35,7 @@ from keras_posenc.configs.rope_entries import (
     whole_head_factor,
 )
 from keras_posenc.configs.schedules import layer_attention, layer_types, positionless_types
-from keras_posenc.rope_scaling import rope_parameters
-from keras_posenc.scaling_keys import short_repr
+from keras_posenc.rope import rope_parameters
 
 _ROPE_KEY = re.compile("rope|rotary")
 _EARLY_CHECK_DIM = 2**14

@@ -11,7 +11,7 @@ next `d/4` by the column, in the half layout (`cat([freq_h, freq_w])` twice). Th
 
 from __future__ import annotations
 
-from keras_posenc.scaling_keys import checked_scaling
+from keras_posenc.rope import checked_scaling
 
 # Vision configs whose rope_type is "axial" when their config leaves it out.
 AXIAL_MODEL_TYPES = (

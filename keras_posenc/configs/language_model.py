@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from keras_posenc._checks import short_repr
 from keras_posenc.configs.families import (
     COMPOSITE,
     COMPOSITE_5,
@@ -19,7 +20,6 @@ from keras_posenc.configs.families import (
 )
 from keras_posenc.configs.family import Family
 from keras_posenc.configs.schedules import layer_types
-from keras_posenc.scaling_keys import short_repr
 
 
 def as_dict(config: Any) -> dict:

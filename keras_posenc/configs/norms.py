@@ -9,8 +9,8 @@ setting: attention built without it would give other outputs, silently.
 
 from __future__ import annotations
 
+from keras_posenc._checks import short_repr
 from keras_posenc.configs.family import Family, Norm
-from keras_posenc.scaling_keys import short_repr
 
 
 def _epsilon(config: dict, norm: Norm) -> float:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
+from keras_posenc._checks import short_repr
 from keras_posenc.axes import checked_mrope_section
 from keras_posenc.configs.family import Family
-from keras_posenc.scaling_keys import checked_scaling, short_repr
+from keras_posenc.rope import ROPE_TYPES, checked_scaling, find_rope_type
 
 
 def is_nested(parameters: Mapping) -> bool:
@@ -158,7 +159,8 @@ def entry_arguments(
     if family.ntk_alpha and rope_type == "dynamic" and scaling.get("alpha"):
         scaling = _ntk_alpha(scaling, head_dim)
         rope_type = "default"
-    if rope_type in ("llama3", "yarn", "longrope"):
+    kind = find_rope_type(rope_type)  # None for a type checked_scaling refuses below
+    if kind is not None and kind.needs_original_length:
         # As transformers' standardize_rope_params: a top-level original length (Phi-3, whose
         # config class always has one) wins over the rope parameters' own.
         top = config.get("original_max_position_embeddings", family.original_length)
@@ -168,8 +170,8 @@ def entry_arguments(
             scaling.setdefault(
                 "original_max_position_embeddings", config["max_position_embeddings"]
             )
-    if rope_type == "dynamic" or (
-        rope_type in ("yarn", "longrope") and scaling.get("factor") is None
+    if kind is not None and (
+        kind.needs_max_length or (kind.factor_from_lengths and scaling.get("factor") is None)
     ):
         # transformers takes this one from the config, not from the rope parameters.
         if "max_position_embeddings" not in config:
@@ -184,7 +186,7 @@ def entry_arguments(
             )
     scaling = checked_scaling(scaling)
     theta = scaling.pop("rope_theta")
-    if rope_type == "proportional":
+    if ROPE_TYPES[rope_type].partial_in_scaling:
         return theta, 1.0, scaling
     partial = scaling.pop("partial_rotary_factor", 1.0)
     return theta, partial, None if rope_type == "default" else scaling

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from keras_posenc._checks import short_repr
 from keras_posenc.configs.family import FULL, SLIDING, Family, LayerTypes
-from keras_posenc.scaling_keys import short_repr
 
 
 def _every(interval: int, other: str, each: str) -> Callable[[int], str]:

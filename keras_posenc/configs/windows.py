@@ -8,9 +8,9 @@ functions here that make layer types are the window-only rules of config classes
 
 from __future__ import annotations
 
+from keras_posenc._checks import short_repr
 from keras_posenc.configs.family import FULL, SLIDING, Family, Window, WindowTypes
 from keras_posenc.configs.schedules import layer_count, layer_types
-from keras_posenc.scaling_keys import short_repr
 
 
 def refuse(model_type: str, key: str, value, why: str, fix: str) -> None:

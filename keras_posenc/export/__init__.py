@@ -15,8 +15,9 @@ against Keras and each runtime's median latency.
 One module per concern: `signature` (the serving function), `precision`, `files` (whole
 or nothing), `saved_model`, `onnx_export` (its graph passes: the subpackage
 `onnx_passes`), `litert`, and the subpackage `verify` (`coverage`, what is verified;
-`runtimes`; `compare`; `report`; `driver`); `job` and `encoders` are the export job
-(`python -m export`, `keras-posenc-export`). Every public name is importable from here.
+`runtimes`; `compare`; `report`; `driver`), `masks` (`causal_mask`). The export job
+(`python -m export`, `keras-posenc-export`) and its demo encoders are `keras_posenc_cli`,
+which imports this package (never the reverse). Every public name is importable from here.
 
 Example:
 
@@ -49,6 +50,7 @@ from keras_posenc.export.files import (
     write_json,
     written_by_package,
 )
+from keras_posenc.export.masks import causal_mask
 from keras_posenc.export.onnx_passes import dedupe_constants
 from keras_posenc.export.precision import (
     BFLOAT16_CHOICES,
@@ -56,7 +58,7 @@ from keras_posenc.export.precision import (
     exportable_model,
     float32_copy,
 )
-from keras_posenc_cli.quiet import quiet_tensorflow_start
+from keras_posenc_startup import quiet_tensorflow_start
 
 # The names whose modules import TensorFlow, by module: imported on first use, so that
 # `save_decoder` runs on JAX and PyTorch without TensorFlow. There, the entries of
@@ -132,6 +134,7 @@ __all__ = [
     "SUPPORTED_OPSETS",
     "ExportError",
     "VerificationError",
+    "causal_mask",
     "compare_outputs",
     "compute_dtypes",
     "dedupe_constants",

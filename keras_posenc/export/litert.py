@@ -147,7 +147,7 @@ def _conversion_failure(model: keras.Model, message: str) -> str:
 _FIXES = {
     "StridedSlice": "A StridedSlice with new axes is what Keras's use_causal_mask=True makes "
     "(dot_product_attention indexes its mask with [None, None]): pass an explicit "
-    "attention_mask instead, for example keras_posenc.export.encoders.causal_mask(x).",
+    "attention_mask instead, for example keras_posenc.export.causal_mask(x).",
     "Einsum": "An Einsum converts when its inputs' ranks and non-batch sizes are known: give "
     "keras.Input its feature sizes, and make sure the layers before it keep the static "
     "shape of their outputs.",

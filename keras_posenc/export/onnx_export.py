@@ -18,7 +18,6 @@ from keras_posenc.export import onnx_passes
 from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import ExportError
 from keras_posenc.export.files import check_file_target, whole_or_nothing
-from keras_posenc.export.onnx_passes.constants import dedupe_constants
 from keras_posenc.export.onnx_passes.graph import graphs
 from keras_posenc.export.precision import exportable_model
 from keras_posenc.export.quiet import converter_output
@@ -38,8 +37,10 @@ DEFAULT_OPSET = 17
 TF2ONNX_MAX_OPSET = 18
 SUPPORTED_OPSETS = (*range(13, TF2ONNX_MAX_OPSET + 1), onnx_passes.STANDARD_ROTARY_OPSET)
 ROTARY_FORMS = ("fused", "decomposed")
-# Rewrites of the converted graph, applied in order to every export before it is checked:
-# each takes the `onnx.ModelProto` and changes it in place (or returns a new one).
+# The caller's own rewrites of the converted graph, applied in order to every export (the
+# step `extra` of `onnx_passes.PASSES`) unless `passes` is given: each takes the
+# `onnx.ModelProto` and changes it in place (or returns a new one). The package's own are
+# the other steps of `PASSES`.
 GRAPH_PASSES: list[Callable] = []
 # What to do about a TensorFlow op tf2onnx leaves unconverted, by the layers that make it.
 _FIXES = {
@@ -148,17 +149,28 @@ def onnx_model(
             tf2onnx converted them (and the opset at most 18).
         passes: functions `pass_(proto)` applied in order to tf2onnx's graph before any
             check, each changing the proto in place or returning a new one (default
-            `GRAPH_PASSES`, the package's own rewrites). Whatever they make must still
-            pass the checks below and `verify_export`.
+            `GRAPH_PASSES`; the step `extra` of `onnx_passes.PASSES`). Whatever they make
+            must still pass the checks below and `verify_export`.
         max_sequence_length: the bound of the positions served (see `save_onnx`).
     """
-    import onnx
-    import tf2onnx
-
     specs = input_signature(model)
     _refuse_shared_names(model, [spec.name for spec in specs])
+    proto = _converted(model, specs, opset, max_sequence_length)
+    target = onnx_passes.Target(
+        rotary,
+        opset,
+        extra=tuple(GRAPH_PASSES if passes is None else passes),
+        check=lambda converted: _check_converted(model, converted, [s.name for s in specs]),
+    )
+    return onnx_passes.run_pipeline(proto, target)
+
+
+def _converted(model: keras.Model, specs, opset: int, max_sequence_length: int | None):
+    """tf2onnx's `onnx.ModelProto` of `model`'s serving function, at most opset 18, the same
+    in every process (`tf2onnx_order`: its order fixed, its address names numbered)."""
+    import tf2onnx
+
     function = serving_function(model)
-    proto = None
     # tf2onnx deep-copies the whole graph before each of its optimizer passes so that it
     # can skip a pass that fails; without the copies conversion takes half the time. Only
     # if a pass does fail is the conversion repeated with them.
@@ -175,18 +187,20 @@ def onnx_model(
                 proto, _ = tf2onnx.convert.from_function(
                     function, input_signature=specs, opset=min(opset, TF2ONNX_MAX_OPSET)
                 )
-            break
         except Exception as error:
             if catch_errors == "TRUE":
                 raise ExportError(
                     f"tf2onnx could not convert the model {model.name!r} at opset {opset}: {error}"
                 ) from error
+            continue
+        number_address_names(proto)
+        return proto
 
-    number_address_names(proto)
-    # ONNX has no Erfc (the exact gelu): 1 - Erf.
-    onnx_passes.replace_erfc(proto)
-    for rewrite in GRAPH_PASSES if passes is None else passes:
-        proto = rewrite(proto) or proto
+
+def _check_converted(model: keras.Model, proto, names: list[str]) -> None:
+    """Refuses a converted graph with ops ONNX lacks (naming their layers and the fix) or
+    with inputs other than the signature's (a captured constant)."""
+    import onnx
 
     unknown = {}
     for graph in graphs(proto.graph):
@@ -205,7 +219,6 @@ def onnx_model(
             + "; ".join(parts)
             + "."
         )
-    names = [spec.name for spec in specs]
     graph_inputs = [i.name for i in proto.graph.input]
     if graph_inputs != names:
         extra = sorted(set(graph_inputs) - set(names))
@@ -219,12 +232,6 @@ def onnx_model(
                 else ""
             )
         )
-    dedupe_constants(proto)
-    if rotary is not None:
-        proto = onnx_passes.optimized(proto, rotary=rotary, opset=opset)
-    _name_dynamic_axes(proto)
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
 
 
 @contextlib.contextmanager
@@ -239,15 +246,6 @@ def _environment(**variables: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def _name_dynamic_axes(proto) -> None:
-    """Names axis 0 `batch` and axis 1 `sequence` of inputs and outputs where they are unknown."""
-    for value in [*proto.graph.input, *proto.graph.output]:
-        dims = value.type.tensor_type.shape.dim
-        for axis, name in enumerate(("batch", "sequence")[: len(dims)]):
-            if not dims[axis].HasField("dim_value"):
-                dims[axis].dim_param = name
 
 
 def onnx_constant_bytes(proto_or_path) -> int:

@@ -57,7 +57,7 @@ def _float32_config(config):
     if isinstance(config, dict):
         result = {}
         for key, value in config.items():
-            if key == "dtype" and isinstance(value, str) and _is_low_precision(value):
+            if key == "dtype" and isinstance(value, str) and is_low_precision(value):
                 value = "float32"
             elif (
                 key in ("dtype", "dtype_policy")
@@ -72,7 +72,9 @@ def _float32_config(config):
     return config
 
 
-def _is_low_precision(dtype_name: str) -> bool:
+def is_low_precision(dtype_name: str) -> bool:
+    """Whether a dtype or dtype policy name (`"bfloat16"`, `"mixed_float16"`) computes below
+    float32, so that the package exports a float32 copy of its model."""
     return dtype_name.removeprefix("mixed_") in _LOW_PRECISION
 
 

@@ -17,7 +17,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 
-from keras_posenc_cli.quiet import filtered_stderr
+from keras_posenc_startup import filtered_stderr
 
 LOGGER = logging.getLogger("keras_posenc.export")
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from keras_posenc import _tf
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.model_inputs import model_inputs as _model_inputs
+from keras_posenc.export.model_inputs import model_inputs
 
 
 def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
@@ -31,7 +31,7 @@ def input_signature(model: keras.Model) -> list[tf.TensorSpec]:
     Returns:
         The specs in the order of `model.inputs`, named by the inputs' names.
     """
-    inputs = _model_inputs(model)
+    inputs = model_inputs(model)
     specs = []
     for tensor in inputs:
         shape = list(tensor.shape)

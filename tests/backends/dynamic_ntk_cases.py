@@ -1,6 +1,6 @@
 """Dynamic NTK cases past the switch, up to position 2^20, and their float64 formula.
 
-Shared by tests/test_dynamic_ntk_exact.py (TensorFlow) and dynamic_ntk_outputs.py (JAX,
+Shared by tests/test_dynamic_ntk_exact.py (TensorFlow) and test_dynamic_ntk.py (JAX,
 PyTorch). The reference is transformers' definition (`modeling_rope_utils.
 _compute_dynamic_ntk_parameters`): base `θ·(factor·L/M - (factor - 1))^(d/(d-2))` for a total
 length `L > M`, `ω_k = base^(-2k/d)`, computed here in float64.

@@ -1,8 +1,8 @@
 """Dynamic NTK's outputs on this process's backend, eagerly and under its compiler.
 
-Run by tests/test_dynamic_ntk_exact.py as `python dynamic_ntk_outputs.py OUT.npz` under
-KERAS_BACKEND=jax or torch (not collected: no `test_` prefix). Saves, per case of
-`dynamic_ntk_cases.CASES`, the layer's output eagerly (`eager:<name>`) and, on JAX, under
+Called by tests/backends/test_dynamic_ntk.py under KERAS_BACKEND=jax or torch;
+`python dynamic_ntk_outputs.py OUT.npz` writes them to a file. Per case of
+`dynamic_ntk_cases.CASES`: the layer's output eagerly (`eager:<name>`) and, on JAX, under
 `jax.jit` with a traced start or traced positions (`jit:<name>`).
 """
 

@@ -10,6 +10,7 @@ a fresh TensorFlow process.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -28,8 +29,12 @@ import keras_posenc as kp
 BACKEND = keras.backend.backend()
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="jax.export")
 
-# One step; across longrope's switch (16); across dynamic NTK's (32) and past a learned 40.
-LENGTHS = (1, 17, 40)
+# One step, and a run across longrope's switch (16) and from 4090 across the cached rows;
+# the learned cases also past their 40 rows. Each length costs a compilation of every
+# eager op on JAX, so no length is added that crosses no boundary (dynamic NTK's case
+# starts at 36, past its switch at 32, at any length).
+LENGTHS = (1, 17)
+LEARNED_LENGTHS = (*LENGTHS, 40)
 # (start, length): inside, ending at, and across the 4096 cached rows (from 0 and from near
 # their end), past them, and a run longer than the cache past 2^20. Each static start is an
 # export and each length a compilation: the runs are few, each on another side of a boundary.
@@ -146,7 +151,7 @@ def test_every_case_exports_with_a_symbolic_sequence(name, start):
         traced["start_index"] = np.int32(traced["start_index"])
     x = np.asarray(keras.ops.cast(cases.inputs(name), layer.compute_dtype))
     exported = _export(layer, x, fixed, traced, sequence_axis, multi_axis)
-    for length in LENGTHS:
+    for length in LEARNED_LENGTHS if name.startswith("learned") else LENGTHS:
         x_now = _resized(x, length, sequence_axis)
         traced_now = {}
         for key, value in traced.items():
@@ -200,6 +205,29 @@ def test_runs_across_the_cached_rows(kind, start):
         _compare(layer, exported[key], x_now, fixed, traced, what, exact)
 
 
+@functools.cache
+def _bad_input_layer(kind: str):
+    """`(layer, x)`: one built layer of `kind` for every bad value of the module."""
+    scaling = {"dynamic": cases.DYNAMIC, "longrope": cases.LONGROPE}.get(kind)
+    if kind == "sinusoidal":
+        layer, x = kp.SinusoidalPositionalEncoding(), np.ones((2, 5, 16), np.float32)
+    elif kind == "learned":
+        layer, x = kp.LearnedPositionalEmbedding(40), np.ones((2, 5, 16), np.float32)
+    else:
+        layer, x = kp.RotaryEmbedding(scaling=scaling), np.ones((2, 5, 2, 16), np.float32)
+    layer(x)
+    return layer, x
+
+
+@functools.cache
+def _traced_export(kind: str, argument: str):
+    """`kind`'s layer exported with `argument` traced: one program for every value of it
+    (a start is a traced int32 scalar, positions a traced `(sequence,)` vector)."""
+    layer, x = _bad_input_layer(kind)
+    example = np.int32(0) if argument == "start_index" else np.zeros(5, np.int32)
+    return _export(layer, x, {}, {argument: example}, 1, False)
+
+
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rotary", "dynamic", "longrope"])
 @pytest.mark.parametrize(
     "argument, value",
@@ -212,18 +240,11 @@ def test_runs_across_the_cached_rows(kind, start):
     ],
 )
 def test_bad_input_is_nan_when_exported(kind, argument, value):
-    scaling = {"dynamic": cases.DYNAMIC, "longrope": cases.LONGROPE}.get(kind)
-    if kind == "sinusoidal":
-        layer, x = kp.SinusoidalPositionalEncoding(), np.ones((2, 5, 16), np.float32)
-    elif kind == "learned":
-        layer, x = kp.LearnedPositionalEmbedding(40), np.ones((2, 5, 16), np.float32)
-        if argument == "start_index" and value == 2**24 - 3:
-            value = 38  # past a 40-row table
-    else:
-        layer, x = kp.RotaryEmbedding(scaling=scaling), np.ones((2, 5, 2, 16), np.float32)
-    layer(x)
+    layer, x = _bad_input_layer(kind)
+    if kind == "learned" and argument == "start_index" and value == 2**24 - 3:
+        value = 38  # past a 40-row table
     traced = {argument: np.int32(value) if argument == "start_index" else value}
-    exported = _export(layer, x, {}, traced, 1, False)
+    exported = _traced_export(kind, argument)
     assert np.all(np.isnan(np.asarray(exported.call(x, traced))))
     if argument == "start_index" and 0 <= value < 2**24:
         # Static, a start below the limit is known good; the run's end only at run time.

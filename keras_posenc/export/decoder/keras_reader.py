@@ -22,7 +22,7 @@ from keras_posenc.export.decoder.settings import refuse_unread_block_settings
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import FrequencyTable
-from keras_posenc.rope_scaling import rope_parameters
+from keras_posenc.rope import rope_parameters
 
 # Layers a step model may hold besides the ones described (inputs, the named outputs).
 _PASSIVE = (keras.layers.InputLayer, keras.layers.Identity)

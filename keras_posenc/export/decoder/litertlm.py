@@ -9,8 +9,9 @@ The bundle is written with `litert-lm-builder`'s `LitertLmFileBuilder` (as liter
 preferred activation type float32.
 
 The engine takes text only, so the tokenizer is part of every check: a keras_hub CausalLM's
-preprocessor's tokenizer, written as its SentencePiece proto. Byte-pair tokenizers and step
-models of `decoder_models` (no tokenizer) are refused by name in this version.
+preprocessor's tokenizer, as its SentencePiece proto or (byte-level BPE) a `tokenizer.json`
+(`litertlm_tokenizer`). Step models of `decoder_models` (no tokenizer) are refused by name
+in this version. A tokenizer without a start token (Qwen) leaves the metadata's out.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keras_posenc.export.decoder.litertlm_model import checked_prefill_lengths
+from keras_posenc.export.decoder.litertlm_tokenizer import (
+    HUGGING_FACE,
+    BundleTokenizer,
+    bundle_tokenizer,
+    check_ids_fit,
+    keras_hub_tokenizer,
+)
 from keras_posenc.export.errors import ExportError
 
 INSTALL = 'pip install "keras-posenc[litertlm]"'
@@ -31,8 +39,8 @@ INSTALL = 'pip install "keras-posenc[litertlm]"'
 class BundlePlan:
     """What the bundle holds besides the model: checked before any file is written."""
 
-    proto: bytes  # the SentencePiece model
-    start_token: int
+    tokenizer: BundleTokenizer
+    start_token: int | None  # None: the tokenizer has none (Qwen), the prompt has none
     stop_tokens: tuple[int, ...]
     max_length: int
     prefill_lengths: tuple[int, ...]
@@ -60,37 +68,12 @@ def _require_packages() -> None:
         ) from error
 
 
-def _tokenizer(model):
-    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
-
-    if not bridge.is_keras_hub_causal_lm(model):
-        raise ExportError(
-            "formats=('litertlm',) needs a tokenizer, and a decoder_models step model has "
-            "none: export a keras_hub CausalLM with its preprocessor (this version does not "
-            "take a tokenizer for step models)."
-        )
-    tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
-    if tokenizer is None:
-        raise ExportError(
-            f"formats=('litertlm',) needs the {type(model).__name__}'s tokenizer, and it has "
-            "no preprocessor: build it with one (e.g. `from_preset(..., preprocessor=...)` or "
-            "`preprocessor=<Family>CausalLMPreprocessor(tokenizer)`)."
-        )
-    proto = getattr(tokenizer, "proto", None)
-    if not isinstance(proto, bytes):
-        raise ExportError(
-            f"formats=('litertlm',) writes SentencePiece tokenizers only in this version; "
-            f"{type(tokenizer).__name__} is not one (byte-pair tokenizers need LiteRT-LM's "
-            "tokenizer.json, not written yet)."
-        )
-    return tokenizer, proto
-
-
 def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> BundlePlan:
     """The tokenizer and metadata of `model`'s bundle, checked before any work.
 
     Args:
-        model: a keras_hub CausalLM with a SentencePiece tokenizer in its preprocessor.
+        model: a keras_hub CausalLM with a SentencePiece or byte-level BPE tokenizer in
+            its preprocessor.
         vocabulary: the rows of the model's embedding.
         max_length: the cache slots of the export (LlmMetadata's `max_num_tokens`).
         prefill_lengths: the lengths of the `prefill_<n>` signatures.
@@ -103,36 +86,43 @@ def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> B
     """
     _require_packages()
     lengths = checked_prefill_lengths(prefill_lengths, max_length - 1)
-    tokenizer, proto = _tokenizer(model)
+    tokenizer = keras_hub_tokenizer(model)
+    file = bundle_tokenizer(tokenizer)
     size = int(tokenizer.vocabulary_size())
     if size != vocabulary:
         raise ExportError(
             f"The tokenizer has {size} tokens and the model's embedding {vocabulary} rows: "
             "the bundle would pair them wrongly. Export the model with its own tokenizer."
         )
+    check_ids_fit(tokenizer, vocabulary)
     start = getattr(tokenizer, "start_token_id", None)
     end = getattr(tokenizer, "end_token_id", None)
-    if start is None or end is None:
+    if end is None:
         raise ExportError(
-            f"{type(tokenizer).__name__} has no start or end token (start_token_id "
-            f"{start}, end_token_id {end}); LiteRT-LM's metadata needs both."
+            f"{type(tokenizer).__name__} has no end token (end_token_id None); LiteRT-LM's "
+            "metadata needs a stop token."
         )
-    stops = (int(end),)
-    outside = [token for token in (int(start), *stops) if not 0 <= token < vocabulary]
+    start = None if start is None else int(start)
+    # keras_hub's generate() stops at both of Llama 3's end tokens (`end_token2_id`).
+    second = getattr(tokenizer, "end_token2_id", None)
+    stops = (int(end),) if second is None else (int(end), int(second))
+    named = stops if start is None else (start, *stops)
+    outside = [token for token in named if not 0 <= token < vocabulary]
     if outside:
         raise ExportError(
             f"Start/stop token ids {outside} are outside the vocabulary (0...{vocabulary - 1})."
         )
-    return BundlePlan(proto, int(start), stops, max_length, lengths)
+    return BundlePlan(file, start, stops, max_length, lengths)
 
 
 def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
-    """The `.litertlm` bytes: `tflite`, `plan`'s SentencePiece model and LlmMetadata."""
+    """The `.litertlm` bytes: `tflite`, `plan`'s tokenizer and LlmMetadata."""
     from litert_lm_builder import litertlm_builder as builder
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
     metadata = llm_metadata_pb2.LlmMetadata()
-    metadata.start_token.token_ids.ids.append(plan.start_token)
+    if plan.start_token is not None:
+        metadata.start_token.token_ids.ids.append(plan.start_token)
     for token in plan.stop_tokens:
         metadata.stop_tokens.add().token_ids.ids.append(token)
     metadata.max_num_tokens = plan.max_length
@@ -140,7 +130,8 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
     with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
         folder = Path(folder)
         (folder / "model.tflite").write_bytes(tflite)
-        (folder / "tokenizer.model").write_bytes(plan.proto)
+        tokenizer = folder / plan.tokenizer.file_name
+        tokenizer.write_bytes(plan.tokenizer.content)
         (folder / "metadata.pb").write_bytes(metadata.SerializeToString())
         bundle = builder.LitertLmFileBuilder()
         with contextlib.redirect_stdout(io.StringIO()):  # the builder prints the choice
@@ -150,7 +141,10 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
                 builder.TfLiteModelType.PREFILL_DECODE,
                 prefer_activation_type="float32",
             )
-        bundle.add_sentencepiece_tokenizer(str(folder / "tokenizer.model"))
+        if plan.tokenizer.file_name == HUGGING_FACE:
+            bundle.add_hf_tokenizer(str(tokenizer))
+        else:
+            bundle.add_sentencepiece_tokenizer(str(tokenizer))
         bundle.add_llm_metadata(
             str(folder / "metadata.pb"), supports_thinking=False, supports_function_calling=False
         )

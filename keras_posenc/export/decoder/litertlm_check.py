@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import tempfile
 
+# A word's first piece: SentencePiece's `▁word`, byte-level BPE's `Ġword` (GPT-2's space).
+_WORD_STARTS = ("\u2581", "\u0120")
+
 
 def _words(tokenizer) -> list[str]:
-    """Whole-word pieces of the vocabulary (`▁word`), to make prompts of a chosen length."""
+    """Whole-word pieces of the vocabulary, to make prompts of a chosen length."""
     words = []
     for i in range(int(tokenizer.vocabulary_size())):
         piece = tokenizer.id_to_token(i)
-        if piece.startswith("\u2581") and piece[1:].isalnum():
+        if piece.startswith(_WORD_STARTS) and piece[1:].isalnum():
             words.append(piece[1:])
     return words or ["a"]
+
+
+def prompt_tokens(tokenizer, text: str) -> int:
+    """The tokens of prompt `text` with the start token, where the tokenizer has one."""
+    start = getattr(tokenizer, "start_token_id", None) is not None
+    return int(start) + len(tokenizer(text))
 
 
 def _prompt_of(tokenizer, words: list[str], tokens: int) -> str:
@@ -30,7 +39,7 @@ def _prompt_of(tokenizer, words: list[str], tokens: int) -> str:
     words while three more fit, then one letter at a time."""
 
     def count(text: str) -> int:
-        return 1 + len(tokenizer(text))
+        return prompt_tokens(tokenizer, text)
 
     text, i = words[0], 1
     while count(f"{text} {words[i % len(words)]}") <= tokens and i < 4 * tokens:
@@ -50,7 +59,7 @@ def check_prompts(tokenizer, prefill_lengths: tuple[int, ...], max_length: int) 
         prompts.append(words[0])
     for tokens in (prefill_lengths[-1] + 2, max_length - 2):
         prompt = _prompt_of(tokenizer, words, tokens)
-        if 1 + len(tokenizer(prompt)) > prefill_lengths[-1] and prompt not in prompts:
+        if prompt_tokens(tokenizer, prompt) > prefill_lengths[-1] and prompt not in prompts:
             prompts.append(prompt)
     return prompts
 
@@ -82,7 +91,7 @@ def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length
             cases.append(
                 {
                     "prompt": prompt,
-                    "prompt_tokens": 1 + len(causal_lm.preprocessor.tokenizer(prompt)),
+                    "prompt_tokens": prompt_tokens(causal_lm.preprocessor.tokenizer, prompt),
                     "keras_hub": str(expected),
                     "litert_lm": got,
                     "equal": got == str(expected),

@@ -4,16 +4,20 @@ Nothing here imports TensorFlow, Keras or a layer: the passes read ONNX graphs o
 rotation scope they look for is `keras_posenc._scope`, which imports nothing).
 
 - `graph`: tools every pass shares (subgraphs, producers, `Emitter`, tensor keys);
-- `constants` (`dedupe_constants`): duplicated constants merged, on every conversion;
 - `erfc` (`replace_erfc`): `Erfc` as `1 - Erf`;
+- `constants` (`dedupe_constants`): duplicated constants merged;
 - `rotary` (`rewrite_rotations`): each marked rotation as a kernel or lean standard ops;
 - `reshape_sizes` (`literal_reshape_sizes`): computed reshapes take a 0 as TensorFlow does;
 - `cse` (`merge_common_subexpressions`), on `shapes` (with `values` and `sizes`):
   what is computed twice, computed once;
-- `guards` (`hoist_guards`): the NaN poisoning of bad positions off the fast path.
+- `guards` (`hoist_guards`): the NaN poisoning of bad positions off the fast path;
+- `dynamic_axes` (`name_dynamic_axes`): the inputs' and outputs' `batch` and `sequence`.
 
 Each pass is a function `pass_(proto) -> int` that changes the proto in place and returns
-how many rewrites it made. `optimized` runs `PASSES`, then `onnx.checker`.
+how many rewrites it made. `PASSES` is the one pipeline, in order, with the caller's own
+passes and its checks of the converted graph as steps of it; `run_pipeline` runs it for a
+`Target`, then `onnx.checker` once (what `save_onnx` writes); `optimized` does so for a
+rotary option and an opset.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import onnx
 
 from keras_posenc.export.onnx_passes.constants import dedupe_constants
 from keras_posenc.export.onnx_passes.cse import merge_common_subexpressions
+from keras_posenc.export.onnx_passes.dynamic_axes import name_dynamic_axes
 from keras_posenc.export.onnx_passes.erfc import replace_erfc
 from keras_posenc.export.onnx_passes.graph import (
     default_opset,
@@ -58,12 +63,14 @@ __all__ = [
     "hoist_guards",
     "literal_reshape_sizes",
     "merge_common_subexpressions",
+    "name_dynamic_axes",
     "op_counts",
     "optimized",
     "remove_unused_nodes",
     "replace_erfc",
     "rewrite_rotations",
     "run_passes",
+    "run_pipeline",
     "streamline",
     "to_opset",
 ]
@@ -73,19 +80,36 @@ ROTARY_OPTIONS = ("fused", "decomposed")
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What the file is written for: the rotary option and the opset (None: the model's)."""
+    """What the file is written for, and what the exporter adds to the pipeline.
 
-    rotary: str = "fused"
+    Args:
+        rotary: `"fused"` or `"decomposed"`; None: the graph as converted (the steps of
+            `PASSES` marked `optimizes` are left out: no opset conversion, no rewrite).
+        opset: the opset to write; None keeps the model's.
+        extra: the caller's own passes, `pass_(proto)` changing the proto in place or
+            returning a new one (`onnx_export.GRAPH_PASSES` by default).
+        check: the exporter's checks of the converted graph, `check(proto)`, which raise
+            (`onnx_export`: every op ONNX's, the inputs the signature's).
+    """
+
+    rotary: str | None = "fused"
     opset: int | None = None
+    extra: tuple[Callable[[onnx.ModelProto], onnx.ModelProto | None], ...] = ()
+    check: Callable[[onnx.ModelProto], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-    """One step of `PASSES`: `run(proto, target)` rewrites in place and returns how many."""
+    """One step of `PASSES`: `run(proto, target)` rewrites in place and returns how many.
+
+    `optimizes`: a rewrite for the target's rotary option and opset, left out for a graph
+    kept as converted (`Target.rotary` None); the others run on every conversion.
+    """
 
     name: str
     run: Callable[[onnx.ModelProto, Target], int]
     reason: str  # why it stands where it does
+    optimizes: bool = True
 
 
 def to_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -109,18 +133,53 @@ def _rotary(proto: onnx.ModelProto, target: Target) -> int:
     return rewrite_rotations(proto, form)
 
 
+def _extra(proto: onnx.ModelProto, target: Target) -> int:
+    for rewrite in target.extra:
+        rewritten = rewrite(proto)
+        if rewritten is not None and rewritten is not proto:
+            proto.CopyFrom(rewritten)
+    return len(target.extra)
+
+
+def _check(proto: onnx.ModelProto, target: Target) -> int:
+    if target.check is not None:
+        target.check(proto)
+    return 0
+
+
 def _each(function: Callable[[onnx.ModelProto], int]) -> Callable[[onnx.ModelProto, Target], int]:
     return lambda proto, target: function(proto)
 
 
-# In order, with the reason for each place (before them, on every conversion, rotary or
-# not: `dedupe_constants`, which `onnx_export.onnx_model` runs).
+# In order, with the reason for each place.
 PASSES: tuple[Pass, ...] = (
     Pass(
         "erfc",
         _each(replace_erfc),
-        "First: ONNX has no Erfc, so neither the version converter (next) nor onnx.checker "
-        "takes a graph that holds one.",
+        "First: ONNX has no Erfc, so neither the check of the converted graph's ops, the "
+        "version converter nor onnx.checker takes a graph that holds one.",
+        optimizes=False,
+    ),
+    Pass(
+        "extra",
+        _extra,
+        "The caller's own passes, on the graph as converted (Erfc gone) and before the "
+        "check, which what they make must pass: a pass may replace an op ONNX lacks.",
+        optimizes=False,
+    ),
+    Pass(
+        "check",
+        _check,
+        "Before any rewrite of ours: a graph with an op ONNX lacks or an input the "
+        "signature lacks is refused with an error that names them, not a pass's failure.",
+        optimizes=False,
+    ),
+    Pass(
+        "constants",
+        _each(dedupe_constants),
+        "On every conversion, before the opset conversion and the rotations: every traced "
+        "use of a position table is its own constant, and the rewrites read the merged ones.",
+        optimizes=False,
     ),
     Pass(
         "opset",
@@ -157,17 +216,47 @@ PASSES: tuple[Pass, ...] = (
     Pass(
         "cse_after_guards",
         _each(merge_common_subexpressions),
-        "Last: the guards' new Ifs of one condition and equal branches (one per layer that "
-        "looks up the same rows) become one.",
+        "The last rewrite: the guards' new Ifs of one condition and equal branches (one per "
+        "layer that looks up the same rows) become one.",
+    ),
+    Pass(
+        "dynamic_axes",
+        _each(name_dynamic_axes),
+        "Last, on every conversion: the names of the inputs' and outputs' axes, on the "
+        "graph in its final opset.",
+        optimizes=False,
     ),
 )
-# The passes after the rotations' rewrite.
-_STREAMLINE = PASSES[[p.name for p in PASSES].index("rotary") + 1 :]
+# The rewrites after the rotations' rewrite.
+_STREAMLINE = tuple(
+    p for p in PASSES[[p.name for p in PASSES].index("rotary") + 1 :] if p.optimizes
+)
 
 
 def run_passes(proto: onnx.ModelProto, passes=PASSES, target: Target = Target()) -> dict:
-    """Runs `passes` in order on `proto`, in place; returns each one's count by name."""
-    return {step.name: step.run(proto, target) for step in passes}
+    """Runs `passes` in order on `proto`, in place; returns each one's count by name (0 for
+    a step left out: one that `optimizes`, for `target.rotary` None)."""
+    return {
+        step.name: 0 if step.optimizes and target.rotary is None else step.run(proto, target)
+        for step in passes
+    }
+
+
+def run_pipeline(proto: onnx.ModelProto, target: Target = Target()) -> onnx.ModelProto:
+    """`PASSES` for `target` on tf2onnx's `proto`, then `onnx.checker` once.
+
+    Args:
+        proto: the converted model, changed in place.
+        target: the rotary option and opset, and the exporter's own passes and checks.
+
+    Returns:
+        `proto`, rewritten; it passes `onnx.checker.check_model(full_check=True)`.
+    """
+    if target.rotary is not None and target.rotary not in ROTARY_OPTIONS:
+        raise ValueError(f"Unknown rotary={target.rotary!r}; expected 'fused' or 'decomposed'.")
+    run_passes(proto, PASSES, target)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
 
 
 def streamline(proto: onnx.ModelProto) -> None:
@@ -186,10 +275,12 @@ def optimized(
 ) -> onnx.ModelProto:
     """`PASSES` on tf2onnx's `proto`: what `save_onnx(rotary=..., opset=...)` writes.
 
-    `Erfc` becomes `1 - Erf`; with `opset` of `STANDARD_ROTARY_OPSET` or later the model is
-    converted to it and `rotary="fused"` emits the ONNX `RotaryEmbedding`, below it
-    onnxruntime's `com.microsoft.RotaryEmbedding`; `rotary="decomposed"` keeps standard
-    ops; then `streamline`. The result passes `onnx.checker.check_model(full_check=True)`.
+    `Erfc` becomes `1 - Erf` and duplicated constants one; with `opset` of
+    `STANDARD_ROTARY_OPSET` or later the model is converted to it and `rotary="fused"` emits
+    the ONNX `RotaryEmbedding`, below it onnxruntime's `com.microsoft.RotaryEmbedding`;
+    `rotary="decomposed"` keeps standard ops; then `streamline`, and the inputs' and
+    outputs' axes are named. The result passes `onnx.checker.check_model(full_check=True)`
+    (`run_pipeline`).
 
     Args:
         proto: the converted model, changed in place.
@@ -199,8 +290,6 @@ def optimized(
     Returns:
         `proto`, rewritten.
     """
-    if rotary not in ROTARY_OPTIONS:
+    if rotary not in ROTARY_OPTIONS:  # None too: `run_pipeline` takes it, this does not
         raise ValueError(f"Unknown rotary={rotary!r}; expected 'fused' or 'decomposed'.")
-    run_passes(proto, PASSES, Target(rotary, opset))
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
+    return run_pipeline(proto, Target(rotary, opset))

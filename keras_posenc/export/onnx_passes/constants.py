@@ -7,7 +7,7 @@
   traced use of a host position table is its own constant, inside the branches of an `If`;
 - initializers nothing reads are removed.
 
-`onnx_export.onnx_model` runs it on every conversion, before `PASSES` (rotary or not).
+It runs on every conversion (rotary or not): `PASSES`' step `constants`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ from keras_posenc.export.onnx_passes.graph import graphs, tensor_key
 __all__ = ["dedupe_constants"]
 
 
-def dedupe_constants(proto: onnx.ModelProto) -> None:
-    """Removes the duplicated constants tf2onnx leaves, in place."""
+def dedupe_constants(proto: onnx.ModelProto) -> int:
+    """Removes the duplicated constants tf2onnx leaves, in place.
+
+    Returns:
+        How many `Shape` nodes became initializers and initializers were removed.
+    """
     every_graph = list(graphs(proto.graph))
-    _fold_shapes_of_initializers(every_graph)
+    changes = _fold_shapes_of_initializers(every_graph)
     canonical: dict[tuple, str] = {}
     renamed: dict[str, str] = {}
     for graph in every_graph:
@@ -37,6 +41,7 @@ def dedupe_constants(proto: onnx.ModelProto) -> None:
             if key in canonical:
                 renamed[initializer.name] = canonical[key]
                 graph.initializer.remove(initializer)
+                changes += 1
             else:
                 canonical[key] = initializer.name
                 if graph is not proto.graph:
@@ -53,10 +58,13 @@ def dedupe_constants(proto: onnx.ModelProto) -> None:
         for initializer in list(graph.initializer):
             if initializer.name not in read | returned:
                 graph.initializer.remove(initializer)
+                changes += 1
+    return changes
 
 
-def _fold_shapes_of_initializers(every_graph: list[onnx.GraphProto]) -> None:
+def _fold_shapes_of_initializers(every_graph: list[onnx.GraphProto]) -> int:
     initializers = {i.name: i for g in every_graph for i in g.initializer}
+    folded = 0
     for graph in every_graph:
         for node in list(graph.node):
             if node.op_type == "Shape" and node.input[0] in initializers:
@@ -67,3 +75,5 @@ def _fold_shapes_of_initializers(every_graph: list[onnx.GraphProto]) -> None:
                 graph.initializer.append(
                     numpy_helper.from_array(np.array(shape, np.int64), node.output[0])
                 )
+                folded += 1
+    return folded

@@ -4,17 +4,37 @@ it, a `Concat` of such, their `ReduceProd`, ...), each element a size (`sizes`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import numpy as np
 import onnx
 from onnx import helper
 
-from keras_posenc.export.onnx_passes.sizes import INT32_LIMIT, Value, product, slice_indices
+from keras_posenc.export.onnx_passes.sizes import (
+    INT32_LIMIT,
+    Size,
+    Value,
+    product,
+    slice_indices,
+)
 
-if TYPE_CHECKING:  # the class that owns these values and gives them the axes of tensors
-    from keras_posenc.export.onnx_passes.shapes import SymbolicShapes
+__all__ = ["ShapeSource", "ShapeValues"]
 
-__all__ = ["ShapeValues"]
+
+class ShapeSource(Protocol):
+    """What `ShapeValues` reads of the graph and of its axes: `shapes.SymbolicShapes`, which
+    owns these values (named here so that `values` does not import `shapes`, which imports it)."""
+
+    def producer(self, tensor: str) -> tuple[onnx.NodeProto, int] | None: ...
+
+    def constant(self, tensor: str) -> np.ndarray | None: ...
+
+    def dims(self, tensor: str) -> tuple[Size, ...] | None: ...
+
+    def reshape_dims(self, inputs, attributes) -> tuple[Size, ...] | None: ...
+
+    def squeeze_dims(self, op: str, inputs, attributes) -> tuple[Size, ...] | None: ...
+
 
 _SMALL = 64  # integer constants up to this many elements are followed as values
 
@@ -27,7 +47,7 @@ class ShapeValues:
     `shapes` gives (`reshape_dims`, `squeeze_dims`, with `dims`, `producer`, `constant`).
     """
 
-    def __init__(self, shapes: SymbolicShapes):
+    def __init__(self, shapes: ShapeSource):
         self.shapes = shapes
         self._values: dict[str, Value | None] = {}
 

@@ -26,10 +26,10 @@ from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import is_saved_model, recover_interrupted, write_json
 from keras_posenc.export.precision import (
-    _is_low_precision,
     compute_dtypes,
     exportable_model,
     float32_copy,
+    is_low_precision,
 )
 from keras_posenc.export.signature import serving_function
 from keras_posenc.export.verify.compare import (
@@ -108,26 +108,19 @@ def verify_export(
 ) -> dict:
     """Runs Keras and each artifact given on the same inputs and compares them.
 
-    Runtimes: the reloaded SavedModel (TensorFlow), onnxruntime, LiteRT, each for the
-    artifact given. Cases (`coverage.verification_cases`): the batch sizes and sequence
-    lengths the model accepts (its fixed axes at their sizes; otherwise every batch size
-    with every length up to the longest, `max_sequence_length` or the smallest learned
-    table), and for a `start_index` or `positions` input, starts and positions that reach
-    each position table near its first and its last rows (up to the largest position
-    the model allows); the report lists the positions covered. No case is a traced shape:
-    the artifacts were traced with dynamic axes. A float32 model passes when each
-    runtime meets `allclose(atol=1e-5, rtol=1e-4)` against Keras; the runtimes of a
-    float16 model, Keras included, are compared with its float32 twin at
-    `atol=rtol=1e-2`. A bfloat16 model is checked as the float32 copy that was exported
-    (see `exportable_model`). Latency is the median of `repeats` calls per runtime,
-    interleaved, after a warm-up (the first call, which is also the one compared).
+    Runtimes: the reloaded SavedModel (TensorFlow), onnxruntime and LiteRT, for each
+    artifact given. Cases (`coverage.verification_cases`): the shapes the model accepts,
+    none a traced one, with starts and positions that reach every position table near
+    its first and last rows (the report lists the positions covered). float32 passes at
+    `allclose(atol=1e-5, rtol=1e-4)` against Keras; a float16 model's runtimes, Keras
+    included, are compared with its float32 twin at `atol=rtol=1e-2`; a bfloat16 model is
+    checked as its exported float32 copy (see `exportable_model`). Latency: the median of
+    `repeats` interleaved calls per runtime after a warm-up (the call compared).
 
     Example:
 
     ```python
-    report = verify_export(
-        model, "out/saved_model", "out/model.onnx", batch_sizes=(1, 2), sequence_lengths=(3, 17)
-    )
+    report = verify_export(model, "out/saved_model", "out/model.onnx", batch_sizes=(1, 2))
     report["summary"]["onnxruntime"]["max_abs_error"]  # below 1e-5, or it raised
     ```
 
@@ -140,29 +133,20 @@ def verify_export(
         sequence_lengths: sequence lengths to check (positive integers; those past the
             longest are left out).
         max_sequence_length: the largest position + 1 the files serve, as given to the
-            export functions: lengths, starts and positions up to it are checked, none
-            past it (default: the smallest learned table, else no bound).
+            export functions, and checked up to it (default: the smallest learned table, if any).
         make_inputs: `make_inputs(batch, sequence)` returns `{input name: array}`;
             default `coverage.default_inputs` (with the starts described above).
         repeats: timed calls per runtime and timed case.
         timed_shapes: `(batch, sequence)` pairs to time (the first case of each); the
             others are run once, compared, and get `latency_ms` None. Default: every case.
-            Timing is most of a verification's time when every case is timed.
         report_path: where to write the report as JSON (whole or not at all), if given.
         progress: called with a line of text after each case.
         raise_on_failure: raise `VerificationError` (after writing the report) on failure.
 
     Returns:
-        The report: `passed`; `cases`, per case each runtime's `max_abs_error`,
-        `max_rel_error`, `passed` and `latency_ms`; `summary`, per runtime the largest
-        errors over all cases; `positions` (the limit, the position inputs, and the
-        positions covered as `[first, last]` runs; with several axes also
-        `covered_per_axis`, `{input: [runs of axis 0, ...]}`); `sizes` (bytes of the
-        artifacts, of the model's weights and of its position tables); `tolerance`; `notes`;
-        `tables`, per runtime the audit of every stored position table against the one
-        the model holds (`verify.tables`: every row, exactly; `passed` false when any
-        stored row differs, the entry naming the table and its worst row; a table not
-        stored whole is listed in its `not_stored_whole` and in `notes`).
+        The report (`assemble_report` says what each key holds): `passed`, `cases` and
+        `summary` (each runtime's errors per case, and the largest), `positions`, `sizes`,
+        `tolerance`, `notes`, `tables` (the audit of every stored position table).
 
     Raises:
         ValueError: batch sizes or sequence lengths that are not positive integers.
@@ -227,7 +211,7 @@ def plan(model, batch_sizes, sequence_lengths, max_sequence_length, make_inputs)
     with warnings.catch_warnings():  # it was said when the model was exported
         warnings.simplefilter("ignore")
         exported, notes = exportable_model(model, "float32")
-    low_precision = any(_is_low_precision(d) for d in compute_dtypes(exported))
+    low_precision = any(is_low_precision(d) for d in compute_dtypes(exported))
     twin = serving_function(float32_copy(exported)) if low_precision else None
     if low_precision:
         notes.append(
@@ -340,9 +324,22 @@ def run_case(
 def assemble_report(
     model, planned: Plan, runtimes, compared, paths, cases, covered, audits, repeats, started
 ) -> dict:
-    """The report of `verify_export` (its Returns say what it holds); `covered` is
-    `(positions per case, {multi-axis input: [coordinates per case]})`, `audits` the
-    `tables.audit_tables` of the artifacts."""
+    """The report of `verify_export`.
+
+    It holds `passed`; `cases`, per case each runtime's `max_abs_error`,
+    `max_rel_error`, `passed` and `latency_ms`; `summary`, per runtime the largest
+    errors over all cases; `positions` (the limit, the position inputs, and the
+    positions covered as `[first, last]` runs; with several axes also
+    `covered_per_axis`, `{input: [runs of axis 0, ...]}`); `sizes` (bytes of the
+    artifacts, of the model's weights and of its position tables); `tolerance`; `notes`;
+    `tables`, per runtime the audit of every stored position table against the one
+    the model holds (`verify.tables`: every row, exactly; `passed` false when any
+    stored row differs, the entry naming the table and its worst row; a table not
+    stored whole is listed in its `not_stored_whole` and in `notes`).
+
+    `covered` is `(positions per case, {multi-axis input: [coordinates per case]})`,
+    `audits` the `tables.audit_tables` of the artifacts.
+    """
     low_precision = planned.twin is not None
     limit = position_limit(planned.model, planned.bound)
     return {

@@ -56,7 +56,7 @@ def layer_tables(layer) -> list[tuple[str, object]]:
 
     Its `position_tables()`, and the tables behind rows made otherwise, which that leaves
     out: each axis's tables of a multi-axis layer (`axes.AxesRows`), and the short and the
-    long table of a scaling that switches by length (`rope_scaling.SwitchByLength`,
+    long table of a scaling that switches by length (`keras_posenc.rope.SwitchByLength`,
     prefixed `short_` and `long_`; dynamic NTK rows are computed, no table).
     """
     found = [("", table) for table in getattr(layer, "position_tables", tuple)()]
@@ -73,7 +73,7 @@ def layer_tables(layer) -> list[tuple[str, object]]:
 def _tables_of(rows, prefix: str) -> list[tuple[str, object]]:
     from keras_posenc.axes import AxesRows
     from keras_posenc.frequencies import PositionTable
-    from keras_posenc.rope_scaling import SwitchByLength
+    from keras_posenc.rope import SwitchByLength
 
     if isinstance(rows, PositionTable):
         return [(prefix, rows)]

@@ -1,4 +1,4 @@
-"""Gemma 4's text decoder blocks (keras_hub's `Gemma4TextDecoderBlock`), dense models.
+"""Gemma 4 (keras_hub's `Gemma4CausalLM`): its text decoder blocks, dense models.
 
 What they add to Gemma 3's: the query scale 1 (the q/k norms replace 1/sqrt(head_dim)),
 a value norm without a learned scale, norms that multiply by their scale itself (not
@@ -22,6 +22,8 @@ part of the export (the text decoder is; images and audio are not fed).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from keras_posenc.export.decoder.description import (
@@ -29,11 +31,59 @@ from keras_posenc.export.decoder.description import (
     Block,
     PerLayerGate,
     PerLayerInputs,
+    Rope,
 )
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub.common import array, rms_norm, unscaled_norm
-from keras_posenc.keras_hub.gemma import geglu_mlp, kernel
-from keras_posenc.keras_hub.rope import ProportionalRotary
+from keras_posenc.keras_hub.families.gemma import GEMMA3_READ_KEYS, geglu_mlp, kernel
+from keras_posenc.keras_hub.family import HubFamily, RotaryReader
+from keras_posenc.keras_hub.layer_readers import array, rms_norm, unscaled_norm
+from keras_posenc.keras_hub.rotary_layers import probe_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ProportionalRotary:
+    """Gemma 4's RoPE: keras_hub's `RotaryEmbedding` (`denominator_dim=head_dim`) applied
+    to the first `rotary_dim / 2` channels of each half of the head, the rest passed
+    through: transformers' `proportional` RoPE, a full-head table whose last pairs turn
+    by 0 (cos 1, sin 0, exact)."""
+
+    layer: object
+    rotary_dim: int
+    head_dim: int
+
+
+def _proportional_settings(rotary: ProportionalRotary, owner: str) -> tuple[float, dict | None]:
+    layer = rotary.layer
+    if type(layer).__name__ != "RotaryEmbedding" or layer.rope_type != "linear":
+        raise ExportError(
+            f"{owner}: its RoPE layer {type(layer).__name__} is not one the export reads."
+        )
+    if (layer.sequence_axis, layer.feature_axis) != (1, -1):
+        raise ExportError(f"{owner}: a RoPE layer with other axes than (1, -1) is not exported.")
+    if layer.denominator_dim not in (None, rotary.head_dim):
+        raise ExportError(
+            f"{owner}: a RoPE denominator_dim={layer.denominator_dim} other than head_dim "
+            f"({rotary.head_dim}) is not exported."
+        )
+    wavelength, factor = float(layer.max_wavelength), float(layer.scaling_factor)
+    if rotary.rotary_dim == rotary.head_dim:
+        return wavelength, None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    return wavelength, {
+        "rope_type": "proportional",
+        "factor": factor,
+        "partial_rotary_factor": rotary.rotary_dim / rotary.head_dim,
+    }
+
+
+def _proportional_rows(rotary: ProportionalRotary, head_dim: int, max_length: int) -> Rope:
+    """keras_hub's rows: the rotated pairs, then the unrotated ones."""
+    rows = probe_rows(rotary.layer, rotary.rotary_dim, max_length)
+    rest = (max_length, (head_dim - rotary.rotary_dim) // 2)
+    return Rope(
+        cos=np.concatenate([rows.cos, np.ones(rest, np.float32)], axis=1),
+        sin=np.concatenate([rows.sin, np.zeros(rest, np.float32)], axis=1),
+        interleaved=False,
+    )
 
 
 def _refuse_unexported(layer, owner: str) -> None:
@@ -130,3 +180,36 @@ def gemma4_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
         per_layer_gate=_per_layer_gate(layer, owner),
     )
     return block, rotary
+
+
+GEMMA4 = HubFamily(
+    causal_lm="Gemma4CausalLM",
+    backbone="Gemma4Backbone",
+    read_block=gemma4_block,
+    read_keys=GEMMA3_READ_KEYS
+    | {
+        "sliding_window_pattern",
+        "layer_types",
+        "global_head_dim",
+        "audio_encoder",
+        "num_audio_tokens_per_clip",
+        "use_vision_bidirectional_attention",
+        "num_kv_shared_layers",
+        "num_global_key_value_heads",
+        "hidden_size_per_layer_input",
+        "vocab_size_per_layer_input",
+        "global_rope_wavelength",
+        "local_rope_wavelength",
+        "global_rope_partial_rotary_factor",
+        "use_double_wide_mlp",
+        "enable_moe_block",
+        "num_experts",
+        "expert_intermediate_dim",
+        "num_experts_per_token",
+    },
+    rotaries={
+        ProportionalRotary.__name__: RotaryReader(_proportional_settings, _proportional_rows)
+    },
+    embedding_scaled=True,
+    per_layer_inputs=gemma4_per_layer_inputs,
+)

@@ -18,6 +18,7 @@ from keras_posenc import (
     RotaryMultiHeadAttention,
     SinusoidalPositionalEncoding,
 )
+from keras_posenc.export import causal_mask
 
 POSITION_KINDS = ("sinusoidal", "learned", "rotary")
 
@@ -56,18 +57,6 @@ DEFAULT_ENCODERS = {
     "learned": EncoderSpec("learned", "learned", max_sequence_length=512, seed=2),
     "rotary": EncoderSpec("rotary", "rotary", seed=3),
 }
-
-
-def causal_mask(inputs) -> keras.KerasTensor:
-    """`(1, sequence, sequence)` booleans, True where step `i` may attend to step `j <= i`.
-
-    The same mask as `use_causal_mask=True`, made of ops LiteRT has built in: Keras's own
-    causal path (`dot_product_attention(is_causal=True)`) indexes the mask with
-    `mask[None, None]`, a `StridedSlice` with new axes that only a Flex op can run.
-    """
-    steps = keras.ops.arange(keras.ops.shape(inputs)[1])
-    later = keras.ops.expand_dims(steps, 1) >= keras.ops.expand_dims(steps, 0)
-    return keras.ops.expand_dims(later, 0)
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc_export")

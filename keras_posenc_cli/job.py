@@ -40,7 +40,7 @@ class Job:
 
 def jobs(arguments: argparse.Namespace) -> list[Job]:
     """What to export: the chosen default encoders, or the `--model` file."""
-    from keras_posenc.export import encoders
+    from keras_posenc_cli import encoders
 
     if arguments.model is not None:
         path = arguments.model
@@ -121,53 +121,8 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
         arguments.out / job.name, replace_if=_is_artifacts_folder
     ) as folder:
         folder.mkdir()
-        clock = time.perf_counter()
-        bound = {"max_sequence_length": job.longest}
-        export.save_saved_model(model, folder / "saved_model", **bound)
-        log(f"SavedModel written ({time.perf_counter() - clock:.1f} s)")
-
-        clock = time.perf_counter()
-        export.save_onnx(
-            model, folder / "model.onnx", arguments.opset, rotary=arguments.rotary, **bound
-        )
-        constants = export.onnx_constant_bytes(folder / "model.onnx")
-        parameters = export.parameter_bytes(model)
-        tables = export.position_table_bytes(model, job.longest)
-        log(
-            f"ONNX opset {arguments.opset} written ({time.perf_counter() - clock:.1f} s): "
-            f"constants {constants:,} B = parameters {parameters:,} B + position tables "
-            f"{tables:,} B {constants - parameters - tables:+,} B"
-        )
-
-        clock = time.perf_counter()
-        litert_error = None
-        try:
-            export.save_litert(model, folder / "model.tflite", **bound)
-            log(
-                f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
-                f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
-            )
-        except export.ExportError as error:  # the other two are still verified
-            litert_error = str(error)
-            log(f"LiteRT NOT written: {error}")
-
-        cases = export.verification_cases(
-            model, arguments.batch_sizes, arguments.sequence_lengths, job.longest
-        )
-        log(f"verifying {len(cases)} cases against Keras ...")
-        report = export.verify_export(
-            model,
-            folder / "saved_model",
-            folder / "model.onnx",
-            litert_path=None if litert_error else folder / "model.tflite",
-            batch_sizes=arguments.batch_sizes,
-            sequence_lengths=arguments.sequence_lengths,
-            max_sequence_length=job.longest,
-            repeats=arguments.repeats,
-            timed_shapes=TABLE_SHAPES,  # the latencies the table shows; the rest run once
-            progress=lambda line: log("  " + line),
-            raise_on_failure=False,
-        )
+        litert_error = _write_files(model, folder, job.longest, arguments, log)
+        report = _verified(model, folder, job.longest, arguments, log, litert_error)
         report.update(
             {
                 "model": job.name,
@@ -188,6 +143,74 @@ def export_one(job: Job, arguments: argparse.Namespace, log: Callable[[str], Non
         f"({time.perf_counter() - started:.1f} s)"
     )
     return report
+
+
+def _write_files(
+    model,
+    folder: Path,
+    longest: int | None,
+    arguments: argparse.Namespace,
+    log: Callable[[str], None],
+) -> str | None:
+    """Writes the SavedModel, the ONNX file and the LiteRT file into `folder`, logging each;
+    returns why LiteRT was not written (the other two are still verified), or None."""
+    from keras_posenc import export
+
+    clock = time.perf_counter()
+    bound = {"max_sequence_length": longest}
+    export.save_saved_model(model, folder / "saved_model", **bound)
+    log(f"SavedModel written ({time.perf_counter() - clock:.1f} s)")
+
+    clock = time.perf_counter()
+    export.save_onnx(
+        model, folder / "model.onnx", arguments.opset, rotary=arguments.rotary, **bound
+    )
+    constants = export.onnx_constant_bytes(folder / "model.onnx")
+    parameters = export.parameter_bytes(model)
+    tables = export.position_table_bytes(model, longest)
+    log(
+        f"ONNX opset {arguments.opset} written ({time.perf_counter() - clock:.1f} s): "
+        f"constants {constants:,} B = parameters {parameters:,} B + position tables "
+        f"{tables:,} B {constants - parameters - tables:+,} B"
+    )
+
+    clock = time.perf_counter()
+    litert_error = None
+    try:
+        export.save_litert(model, folder / "model.tflite", **bound)
+        log(
+            f"LiteRT written ({time.perf_counter() - clock:.1f} s): "
+            f"{(folder / 'model.tflite').stat().st_size:,} B, built-in ops only"
+        )
+    except export.ExportError as error:  # the other two are still verified
+        litert_error = str(error)
+        log(f"LiteRT NOT written: {error}")
+    return litert_error
+
+
+def _verified(
+    model, folder: Path, longest: int | None, arguments: argparse.Namespace, log, litert_error
+) -> dict:
+    """`verify_export` of the files in `folder` (LiteRT's unless it was not written)."""
+    from keras_posenc import export
+
+    cases = export.verification_cases(
+        model, arguments.batch_sizes, arguments.sequence_lengths, longest
+    )
+    log(f"verifying {len(cases)} cases against Keras ...")
+    return export.verify_export(
+        model,
+        folder / "saved_model",
+        folder / "model.onnx",
+        litert_path=None if litert_error else folder / "model.tflite",
+        batch_sizes=arguments.batch_sizes,
+        sequence_lengths=arguments.sequence_lengths,
+        max_sequence_length=longest,
+        repeats=arguments.repeats,
+        timed_shapes=TABLE_SHAPES,  # the latencies the table shows; the rest run once
+        progress=lambda line: log("  " + line),
+        raise_on_failure=False,
+    )
 
 
 def _latency(report: dict, runtime: str, batch: int, sequence: int) -> float | None:

@@ -1,4 +1,4 @@
-"""Gemma's and Gemma 3's decoder blocks (keras_hub's `GemmaDecoderBlock`, `Gemma3DecoderBlock`).
+"""Gemma (1, 2) and Gemma 3 (keras_hub's `GemmaCausalLM`, `Gemma3CausalLM`) and their blocks.
 
 What they add to a Llama-style block: kernels laid out `(heads, width, head_dim)`, norms
 `x · (1 + scale)`, a GeGLU MLP with tanh GELU, the query scale `1/sqrt(head_dim)` or
@@ -6,7 +6,9 @@ What they add to a Llama-style block: kernels laid out `(heads, width, head_dim)
 per layer, post-attention and post-MLP norms (Gemma 2, Gemma 3), per-head q/k norms and
 per-layer RoPE wavelengths (Gemma 3's local and global layers). Gemma's attention rotates
 halves and then interleaves the halves of both q and k: the same permutation of both,
-so the scores are those of plain half-layout RoPE, which is what is exported.
+so the scores are those of plain half-layout RoPE, which is what is exported. Their
+embedded tokens are scaled by `sqrt(hidden_dim)`; Gemma 3's cache is a `(key, value)`
+pair per layer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,35 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Mlp
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub.common import array, rms_norm
+from keras_posenc.keras_hub import kv_caches
+from keras_posenc.keras_hub.family import HubFamily
+from keras_posenc.keras_hub.layer_readers import array, rms_norm
+
+# The keys of keras_hub 0.32's Gemma and Gemma 3 backbone configs the readers read.
+GEMMA_READ_KEYS = frozenset(
+    {
+        "num_query_heads",
+        "head_dim",
+        "query_head_dim_normalize",
+        "use_post_ffw_norm",
+        "use_post_attention_norm",
+        "attention_logit_soft_cap",
+        "final_logit_soft_cap",
+        "use_sliding_window_attention",
+        "sliding_window_size",
+    }
+)
+GEMMA3_READ_KEYS = GEMMA_READ_KEYS | {
+    "image_size",
+    "use_query_key_norm",
+    "local_rope_scaling_factor",
+    "global_rope_scaling_factor",
+    "vision_encoder",
+    "use_bidirectional_attention",
+    "is_embedding_model",
+    "pooling_intermediate_dim",
+    "embedding_dim",
+}
 
 
 def kernel(layer, owner: str) -> np.ndarray:
@@ -88,3 +118,20 @@ def gemma_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
         post_mlp_norm=rms_norm(layer.post_ffw_norm, owner) if layer.use_post_ffw_norm else None,
     )
     return block, layer.attention.rope_layer
+
+
+GEMMA = HubFamily(
+    causal_lm="GemmaCausalLM",
+    backbone="GemmaBackbone",
+    read_block=gemma_block,
+    read_keys=GEMMA_READ_KEYS,
+    embedding_scaled=True,
+)
+GEMMA3 = HubFamily(
+    causal_lm="Gemma3CausalLM",
+    backbone="Gemma3Backbone",
+    read_block=gemma_block,
+    read_keys=GEMMA3_READ_KEYS,
+    embedding_scaled=True,
+    empty_cache=kv_caches.layer_pairs_cache,
+)

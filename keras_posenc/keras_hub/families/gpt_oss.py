@@ -1,10 +1,11 @@
-"""GPT-OSS's decoder block (keras_hub's `GptOssTransformerDecoder`) read into a `Block`.
+"""GPT-OSS (keras_hub's `GptOssCausalLM`): its decoder block (`GptOssTransformerDecoder`).
 
 What it adds to a Llama-style block: q/k/v and output biases, per-head attention sinks
 (a learned logit joining each head's softmax, its weight dropped), a sliding window on
-every other layer (keras_hub's odd layers), YaRN RoPE (read in `rope.py`) and a
-mixture-of-experts MLP: a biased router, the softmax of each token's top-k router logits
-as the weights of its experts, and experts with a clamped SwiGLU variant,
+every other layer (keras_hub's odd layers), YaRN RoPE (keras_hub's `RotaryEmbedding`,
+read in `rotary_layers.py`) and a mixture-of-experts MLP: a biased router, the softmax
+of each token's top-k router logits as the weights of its experts, and experts with a
+clamped SwiGLU variant,
 `(clip(up, -limit, limit) + 1) · g · sigmoid(alpha · g)` with `g = clip(gate, -1e9,
 limit)`, their gate and up columns interleaved in one kernel (`gate_up_proj[..., ::2]`
 the gate, `[..., 1::2]` the up).
@@ -22,12 +23,11 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Moe
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub.common import array, rms_norm
+from keras_posenc.keras_hub import private
+from keras_posenc.keras_hub.family import HubFamily
+from keras_posenc.keras_hub.layer_readers import array, flat_bias, rms_norm
 
-
-def _bias(layer) -> np.ndarray | None:
-    bias = getattr(layer, "bias", None)
-    return None if bias is None else array(bias).reshape(-1)
+_NORMS = ("GptOssLayerNormalization",)
 
 
 def _attention(layer, max_length: int, owner: str) -> Attention:
@@ -35,7 +35,7 @@ def _attention(layer, max_length: int, owner: str) -> Attention:
     key = array(layer.key_dense.kernel)
     width, heads, head_dim = query.shape
     kv_heads = key.shape[1]
-    if layer._rotary_dim != head_dim:
+    if private.gpt_oss_rotary_dim(layer) != head_dim:
         raise ExportError(
             f"{owner}: an odd head_dim ({head_dim}) leaves a channel unrotated; the export "
             "rotates every channel of GPT-OSS's heads."
@@ -52,10 +52,10 @@ def _attention(layer, max_length: int, owner: str) -> Attention:
         key=key.reshape(width, kv_heads * head_dim),
         value=array(layer.value_dense.kernel).reshape(width, kv_heads * head_dim),
         output=array(layer.output_dense.kernel).reshape(heads * head_dim, width),
-        query_bias=_bias(layer.query_dense),
-        key_bias=_bias(layer.key_dense),
-        value_bias=_bias(layer.value_dense),
-        output_bias=_bias(layer.output_dense),
+        query_bias=flat_bias(layer.query_dense),
+        key_bias=flat_bias(layer.key_dense),
+        value_bias=flat_bias(layer.value_dense),
+        output_bias=flat_bias(layer.output_dense),
         sinks=array(layer.sinks),
         window=None if window is None or window >= max_length else int(window),
     )
@@ -92,9 +92,29 @@ def gpt_oss_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
         raise ExportError(f"{owner}: dropout={layer.dropout}; export an inference model (0).")
     attention = layer.self_attention_layer
     block = Block(
-        rms_norm(layer.input_layernorm, owner),
+        rms_norm(layer.input_layernorm, owner, _NORMS),
         _attention(attention, max_length, owner),
-        rms_norm(layer.post_attention_layernorm, owner),
+        rms_norm(layer.post_attention_layernorm, owner, _NORMS),
         _moe(layer.sparse_moe_block, owner),
     )
     return block, attention.rotary_embedding_layer
+
+
+GPT_OSS = HubFamily(
+    causal_lm="GptOssCausalLM",
+    backbone="GptOssBackbone",
+    read_block=gpt_oss_block,
+    read_keys=frozenset(
+        {
+            "num_query_heads",
+            "num_experts",
+            "top_k",
+            "rope_max_wavelength",
+            "rope_scaling_factor",
+            "sliding_window",
+            "head_dim",
+            "output_router_logits",  # what `call` returns besides the logits, not the logits
+        }
+    ),
+    norms=_NORMS,
+)

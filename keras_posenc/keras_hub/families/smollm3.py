@@ -1,4 +1,4 @@
-"""SmolLM3's decoder layers (keras_hub's `SmolLM3DecoderLayer`): Llama-style, some of them NoPE.
+"""SmolLM3 (keras_hub's `SmolLM3CausalLM`): Llama-style decoder layers, some of them NoPE.
 
 What it adds to a Llama-style block: some layers use no RoPE at all (keras_hub's
 `rope_layer_enabled_list[i]`, transformers' `no_rope_layers`: every fourth layer in the
@@ -6,7 +6,7 @@ published models), exported as `Attention.no_rope`; optional q/k/v biases
 (`attention_bias`). Its kernels are `Dense` layers `(width, heads * head_dim)` and its
 norms Keras's own `RMSNormalization`. keras_hub keeps `layer_types` but applies no window
 whatever it says, so a type other than full attention is refused rather than exported
-as either.
+as either. Its `SmolLM3RotaryEmbedding` returns its cos/sin rows rather than rotating.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import math
 import keras
 import numpy as np
 
-from keras_posenc.export.decoder.description import Attention, Block, Mlp
+from keras_posenc.export.decoder.description import Attention, Block, Mlp, Rope
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub.common import array, rms_norm
+from keras_posenc.keras_hub.family import HubFamily, RotaryReader
+from keras_posenc.keras_hub.layer_readers import array, rms_norm
 
 _FULL_ATTENTION = ("attention", "full_attention")
 
@@ -80,3 +81,45 @@ def smollm3_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
         mlp,
     )
     return block, attention.rotary_embedding if attention.use_rope else None
+
+
+def _rotary_settings(layer, owner: str) -> tuple[float, None]:
+    if layer.partial_rotary_factor != 1.0 or layer.attention_scaling != 1.0:
+        raise ExportError(
+            f"{owner}: partial_rotary_factor={layer.partial_rotary_factor} is not "
+            "exported: keras_hub's SmolLM3 attention multiplies the whole head by its "
+            "cos/sin rows, which are that fraction of the head wide, so it does not run "
+            "with another value than 1.0."
+        )
+    return float(layer.rope_theta), None
+
+
+def _rotary_rows(layer, head_dim: int, max_length: int) -> Rope:
+    """The cos/sin rows the layer returns."""
+    import keras
+
+    half = head_dim // 2
+    probe = np.zeros((1, max_length, 1, head_dim), np.float32)
+    cos, sin = (keras.ops.convert_to_numpy(t)[0, :, :half] for t in layer(probe, start_index=0))
+    return Rope(cos=np.ascontiguousarray(cos), sin=np.ascontiguousarray(sin), interleaved=False)
+
+
+SMOLLM3 = HubFamily(
+    causal_lm="SmolLM3CausalLM",
+    backbone="SmolLM3Backbone",
+    read_block=smollm3_block,
+    read_keys=frozenset(
+        {
+            "num_attention_heads",
+            "attention_bias",
+            "attention_dropout",
+            "rope_layer_enabled_list",
+            "layer_types",
+            "mlp_bias",
+            "max_position_embeddings",
+            "rope_theta",
+            "partial_rotary_factor",
+        }
+    ),
+    rotaries={"SmolLM3RotaryEmbedding": RotaryReader(_rotary_settings, _rotary_rows)},
+)

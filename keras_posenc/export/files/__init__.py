@@ -22,6 +22,9 @@ The guarantees, for every artifact the package writes (`whole_or_nothing`):
   is done) from its first check to its last rename; a second writer of the same path fails
   at once with an `ExportError` that says so. Where the platform has no `fcntl` (Windows),
   this lock is not taken.
+
+One module per guarantee that stands on its own: `sync` (durable), `manifest` (only ours),
+`lock` (one writer); staging, the renames and `recover` are here.
 """
 
 from __future__ import annotations
@@ -37,13 +40,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from keras_posenc.export.errors import ExportError
+from keras_posenc.export.files.lock import exclusive
+from keras_posenc.export.files.manifest import (
+    MANIFEST,
+    foreign_files,
+    write_manifest,
+    written_by_package,
+)
+from keras_posenc.export.files.sync import sync_folder, sync_tree
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
+__all__ = [
+    "MANIFEST",
+    "check_file_target",
+    "is_saved_model",
+    "recover",
+    "recover_interrupted",
+    "whole_or_nothing",
+    "write_json",
+    "written_by_package",
+]
 
-MANIFEST = ".keras-posenc-files"
 _REPLACED = ".replaced"
 _KINDS = (None, "file", "folder")
 
@@ -52,40 +68,6 @@ def _staging_pattern(name: str) -> re.Pattern:
     # mkdtemp's random part: 8 characters of [a-z0-9_]. Exact, so that the staging folders
     # of `model` never match those of `model.onnx`.
     return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]{{8}}\.tmp")
-
-
-def _sync_folder(folder: Path) -> None:
-    """Makes `folder`'s entries (names created, renamed, removed in it) durable."""
-    if os.name != "posix":  # Windows cannot open a folder to sync it
-        return
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _sync_file(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY if os.name == "posix" else os.O_RDWR)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _sync_tree(written: Path) -> None:
-    """Syncs the file `written`, or every file and folder under the folder `written`."""
-    if written.is_symlink():
-        return  # the link's own entry is synced with the folder holding it
-    if not written.is_dir():
-        _sync_file(written)
-        return
-    for folder, _, names in os.walk(written, topdown=False):
-        for name in names:
-            path = Path(folder, name)
-            if not path.is_symlink():
-                _sync_file(path)
-        _sync_folder(Path(folder))
 
 
 def recover(target: str | os.PathLike) -> bool:
@@ -116,7 +98,7 @@ def recover(target: str | os.PathLike) -> bool:
             restored = True
         shutil.rmtree(staging, ignore_errors=True)
     if restored:
-        _sync_folder(parent)
+        sync_folder(parent)
     return restored
 
 
@@ -130,85 +112,10 @@ def recover_interrupted(target: str | os.PathLike) -> bool:
     if not target.parent.is_dir():
         return False
     try:
-        with _exclusive(target):
+        with exclusive(target):
             return recover(target)
     except (ExportError, OSError):  # being written, or a folder we cannot write to
         return False
-
-
-def _files(folder: Path) -> set[str]:
-    return {
-        path.relative_to(folder).as_posix()
-        for path in folder.rglob("*")
-        if path.is_file() or path.is_symlink()
-    }
-
-
-def written_by_package(folder: str | os.PathLike) -> bool:
-    """Whether `folder` holds only files the package wrote there (its manifest lists them)."""
-    folder = Path(folder)
-    try:
-        listed = set(json.loads((folder / MANIFEST).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return _files(folder) - {MANIFEST} <= listed
-
-
-def _foreign_files(folder: Path) -> list[str]:
-    try:
-        listed = set(json.loads((folder / MANIFEST).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        # No manifest: nothing in it is ours, and its first entries say so without a walk
-        # of what may be a large tree.
-        return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
-    return sorted(_files(folder) - listed - {MANIFEST})
-
-
-def _write_manifest(folder: Path) -> None:
-    files = sorted(_files(folder) - {MANIFEST})
-    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=0) + "\n")
-
-
-@contextlib.contextmanager
-def _exclusive(target: Path) -> Iterator[None]:
-    """Holds the lock of `target` (`.NAME.lock` next to it), or raises at once."""
-    if fcntl is None:
-        yield
-        return
-    lock = target.parent / f".{target.name}.lock"
-    while True:
-        try:
-            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise OSError(
-                error.errno,
-                f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
-                "folder you can write to",
-                str(target.parent),
-            ) from error
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            raise ExportError(
-                f"Another export is writing {str(target)!r} right now; wait for it to finish "
-                "or write to another path."
-            ) from None
-        # The previous holder removes the lock file when it is done: a lock taken on a
-        # removed file locks nothing, so take it again on the file now there.
-        try:
-            same = os.stat(lock).st_ino == os.fstat(descriptor).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(descriptor)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)
-        os.close(descriptor)
 
 
 # What each file an export writes is, by the suffix its name should carry.
@@ -293,7 +200,7 @@ def _check_replaceable(target: Path, kind, replace_if) -> None:
         )
     if target.is_dir() and any(target.iterdir()):
         if not written_by_package(target) or (replace_if is not None and not replace_if(target)):
-            foreign = _foreign_files(target)
+            foreign = foreign_files(target)
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
             raise FileExistsError(
                 errno.EEXIST,
@@ -351,7 +258,7 @@ def whole_or_nothing(
         )
     created = _make_parent(target)
     try:
-        with _exclusive(target):
+        with exclusive(target):
             yield from _write_in_staging(target, replace_if, kind)
     except BaseException:
         _remove_empty(created)
@@ -379,8 +286,8 @@ def _write_in_staging(target: Path, replace_if, kind) -> Iterator[Path]:
         if not os.path.lexists(written):
             raise ExportError(f"Nothing was written for {str(target)!r}.")
         if written.is_dir():
-            _write_manifest(written)
-        _sync_tree(written)  # the content on disk before the rename makes it visible
+            write_manifest(written)
+        sync_tree(written)  # the content on disk before the rename makes it visible
         if target.is_dir():
             aside = staging / _REPLACED
             os.replace(target, aside)
@@ -391,7 +298,7 @@ def _write_in_staging(target: Path, replace_if, kind) -> Iterator[Path]:
                 raise
         else:
             os.replace(written, target)
-        _sync_folder(target.parent)  # the rename itself
+        sync_folder(target.parent)  # the rename itself
     finally:
         # Interrupted between the two renames (KeyboardInterrupt): the old one goes back.
         aside = staging / _REPLACED

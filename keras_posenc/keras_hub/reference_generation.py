@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from keras_posenc.keras_hub import families, kv_caches
 
-def _tests_the_index(causal_lm) -> bool:
-    """Whether keras_hub's attention tests `cache_update_index`'s truth in Python: 0.32's
-    Qwen2 with its sliding window (`cache_update_index if cache_update_index else 0` in
-    `QwenAttention._compute_attention`), which a traced graph cannot do
-    (`OperatorNotAllowedInGraphError`); eager execution can, with the same arithmetic."""
-    return type(causal_lm).__name__ in ("QwenCausalLM", "Qwen2CausalLM") and bool(
-        getattr(causal_lm.backbone, "use_sliding_window_attention", False)
-    )
+
+def _runs_eagerly(causal_lm) -> bool:
+    """Whether keras_hub's attention cannot be traced for `causal_lm` (its family's
+    `eager_reference`: 0.32's Qwen2 with its sliding window tests `cache_update_index`'s
+    truth in Python, `OperatorNotAllowedInGraphError` in a graph); eager execution
+    can, with the same arithmetic."""
+    family = families.family_named(type(causal_lm).__name__)
+    return family is not None and family.eager_reference(causal_lm)
+
+
+def _empty_cache(causal_lm, batch: int, slots: int):
+    """keras_hub's empty cache of `causal_lm`'s family (`kv_caches.stacked_cache` for a
+    class of none)."""
+    family = families.family_named(type(causal_lm).__name__)
+    empty_cache = kv_caches.stacked_cache if family is None else family.empty_cache
+    return empty_cache(causal_lm, batch, slots)
 
 
 def _cached_call(causal_lm, cache):
     """`call_with_cache`, compiled where that is cheap: on TensorFlow a `tf.function` traced
     once for every batch, length and slot; on JAX under `jax.jit` with the weights passed in
     (as keras_hub's own `generate` compiles it); on PyTorch eager, without autograd; eager
-    wherever keras_hub's own code cannot be traced (`_tests_the_index`)."""
+    wherever keras_hub's own code cannot be traced (`_runs_eagerly`)."""
     import keras
 
     backend = keras.config.backend()
-    if _tests_the_index(causal_lm):
+    if _runs_eagerly(causal_lm):
         return causal_lm.call_with_cache
     if backend == "jax":
         return _jax_cached_call(causal_lm)
@@ -78,24 +87,6 @@ def _jax_cached_call(causal_lm):
 
     state = ([v.value for v in trainable], [v.value for v in non_trainable])
     return lambda token_ids, cache, index: compiled(state, token_ids, cache, index)
-
-
-def _empty_cache(causal_lm, batch: int, slots: int):
-    """keras_hub's cache: `(batch, num_layers, 2, slots, kv_heads, head_dim)`, or for
-    Gemma 3 a `(key, value)` pair of `(batch, slots, kv_heads, head_dim)` per layer."""
-    import keras
-
-    backbone = causal_lm.backbone
-    heads = getattr(backbone, "num_query_heads", None) or backbone.num_attention_heads  # SmolLM3
-    head_dim = getattr(backbone, "head_dim", None) or backbone.hidden_dim // heads
-    # Gemma 4's global layers may be wider: keras_hub's `_build_cache` sizes by the widest.
-    head_dim = max(head_dim, getattr(backbone, "global_head_dim", None) or 0)
-    shape = (batch, slots, backbone.num_key_value_heads, head_dim)
-    dtype = causal_lm.compute_dtype  # float64 for a float64 reference
-    if type(causal_lm).__name__ == "Gemma3CausalLM":
-        zeros = keras.ops.zeros
-        return tuple((zeros(shape, dtype), zeros(shape, dtype)) for _ in range(backbone.num_layers))
-    return keras.ops.zeros((batch, backbone.num_layers, 2, *shape[1:]), dtype)
 
 
 def keras_hub_greedy(causal_lm):

@@ -21,19 +21,19 @@ from keras_posenc.decoder_block import DecoderBlock
 from keras_posenc.decoder_models import decoder_models
 from keras_posenc.export.decoder.description import Norm, optional_parts
 from keras_posenc.export.errors import ExportError
-from keras_posenc.keras_hub import describe
-from keras_posenc.keras_hub.rope import rope_settings
+from keras_posenc.keras_hub import families
+from keras_posenc.keras_hub.backbone_reader import describe_causal_lm, family_of
 
 
 def _rope_setting(causal_lm, max_length: int, owner: str) -> tuple[float, dict | None]:
     """The one `(max_wavelength, scaling)` every layer of `causal_lm` shares."""
-    read_block = describe.FAMILIES[type(causal_lm).__name__]
+    read_block = family_of(causal_lm).read_block
     settings = []
     for i, layer in enumerate(causal_lm.backbone.transformer_layers):
         _, rotary = read_block(layer, max_length, f"{owner} layer {i}")
         if rotary is None:  # a NoPE layer (SmolLM3): rebuilt with rope_dim=0
             continue
-        setting = rope_settings(rotary, owner)
+        setting = families.rope_settings(rotary, owner)
         if setting not in settings:
             settings.append(setting)
     if len(settings) != 1:
@@ -62,14 +62,14 @@ def rebuild(causal_lm, max_length: int) -> tuple[keras.Model, keras.Model]:
     ```
 
     Args:
-        causal_lm: a keras_hub CausalLM of `FAMILIES`, in float32.
+        causal_lm: a keras_hub CausalLM of a registered family (`FAMILIES`), in float32.
         max_length: the step model's cache slots (prompt included).
 
     Raises:
         ExportError: a family part `DecoderBlock` has no form for (named), a class the
             bridge does not read, or layers with different norm epsilons or RoPE.
     """
-    decoder = describe.describe_causal_lm(causal_lm, max_length)
+    decoder = describe_causal_lm(causal_lm, max_length)
     owner = f"{type(causal_lm).__name__} {causal_lm.backbone.name!r}"
     # NoPE layers are DecoderBlocks with rope_dim=0; every other part is not theirs.
     parts = [part for part in optional_parts(decoder) if part != "NoPE layers"]

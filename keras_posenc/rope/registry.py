@@ -1,8 +1,11 @@
-"""RoPE scaling: the inverse frequencies and attention factor of each `rope_type` of transformers.
+"""The RoPE registry: one `RopeType` per `rope_type` of transformers, in `ROPE_TYPES`.
 
-A `scaling` dict has the shape of the transformers library's `rope_scaling` /
-`rope_parameters` (`modeling_rope_utils.py`): a `rope_type` and that type's keys. The
-numbers here are those definitions, computed in float64 on the host:
+Each entry holds the keys of its scaling dict, what it reads from a transformers config,
+and the function of its frequencies (transformers keeps these functions in
+`ROPE_INIT_FUNCTIONS`, `modeling_rope_utils.py`); the checks (`keras_posenc.rope.keys`),
+`rope_parameters` and the config readers take everything from the entry, and a type that is
+not here is refused by name. A new type is one entry here. The numbers are transformers'
+definitions, computed in float64 on the host:
 
 - `linear`: `ω / factor`.
 - `dynamic` (NTK): past `max_position_embeddings` = M, with total length L the base becomes
@@ -19,47 +22,21 @@ numbers here are those definitions, computed in float64 on the host:
   rotary, which shortens `d`).
 - `longrope`: `ω / short_factor` up to `original_max_position_embeddings`, `ω / long_factor`
   past it (by total length), attention factor `sqrt(1 + ln f / ln L0)`.
+- `axial`: transformers' vision RoPE (`keras_posenc.configs.axial`): no keys of its
+  own, and no frequencies of one axis (the error says to give `axes_dims`).
 
-The attention factor multiplies cos and sin.
+A type whose frequencies change with the total length sets `RopeParameters.switch_length`
+and needs rows that switch (`keras_posenc.rope.scaling`, `keras_posenc.rotary_tables`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
-from keras import ops
 
-from keras_posenc._lazy import tricks
-from keras_posenc.frequencies import as_rows, inverse_frequencies
-from keras_posenc.scaling_keys import (  # noqa: F401  ROPE_TYPES, checked_scaling: re-exported
-    ROPE_TYPES,
-    check_shared_keys,
-    checked_scaling,
-    short_repr,
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeParameters:
-    """What a scaling dict means for a rotation of `rotary_dim` channels.
-
-    Attributes:
-        inverse_frequencies: float64 `ω`, used while the total length is at most
-            `switch_length` (always, when that is None).
-        attention_factor: multiplies cos and sin.
-        switch_length: past this total length (`start_index` + sequence, or the largest
-            position + 1) `long_inverse_frequencies` or the dynamic frequencies apply.
-        long_inverse_frequencies: longrope's long-context `ω`.
-        dynamic_factor: dynamic NTK's factor.
-    """
-
-    inverse_frequencies: np.ndarray
-    attention_factor: float = 1.0
-    switch_length: int | None = None
-    long_inverse_frequencies: np.ndarray | None = None
-    dynamic_factor: float | None = None
+from keras_posenc._checks import short_repr
+from keras_posenc.rope.rope_type import RopeParameters, RopeType
 
 
 def _number(scaling: dict, key: str, rope_type: str) -> float:
@@ -106,44 +83,23 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def rope_parameters(rotary_dim: int, max_wavelength: float, scaling: dict | None) -> RopeParameters:
-    """The inverse frequencies and attention factor that `scaling` defines."""
-    omega = inverse_frequencies(rotary_dim, max_wavelength)
-    scaling = checked_scaling(scaling)
-    if scaling is not None:
-        check_shared_keys(scaling, max_wavelength)
-    rope_type = "default" if scaling is None else scaling["rope_type"]
-    if rope_type == "default":
-        return RopeParameters(omega)
-    if rope_type == "linear":
-        return RopeParameters(omega / _number(scaling, "factor", rope_type))
-    if rope_type == "dynamic":
-        if rotary_dim < 4:
-            raise ValueError(
-                "dynamic scaling needs rotary_dim >= 4 (its exponent is d/(d-2)), "
-                f"got {rotary_dim}" + "."
-            )
-        return RopeParameters(
-            omega,
-            switch_length=int(_number(scaling, "max_position_embeddings", rope_type)),
-            dynamic_factor=_number(scaling, "factor", rope_type),
-        )
-    if rope_type == "yarn":
-        return _yarn(omega, rotary_dim, max_wavelength, scaling)
-    if rope_type == "llama3":
-        return _llama3(omega, scaling)
-    if rope_type == "proportional":
-        return _proportional(omega, rotary_dim, scaling)
-    if rope_type == "longrope":
-        return _longrope(omega, rotary_dim, scaling)
-    if rope_type == "axial":
+def _default(omega: np.ndarray, dim: int, base: float, scaling: dict | None) -> RopeParameters:
+    return RopeParameters(omega)
+
+
+def _linear(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
+    return RopeParameters(omega / _number(scaling, "factor", "linear"))
+
+
+def _dynamic(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
+    if dim < 4:
         raise ValueError(
-            "rope_type 'axial' (transformers' 2D vision RoPE) turns pairs by two coordinates, "
-            "not one scaling of one axis: use RotaryEmbedding(axes_dims=(d/2, d/2)) with "
-            "positions (tokens, 2), which RotaryEmbedding.from_transformers_config reads."
+            f"dynamic scaling needs rotary_dim >= 4 (its exponent is d/(d-2)), got {dim}."
         )
-    raise ValueError(
-        f"rope_type {rope_type!r} has no frequencies here; expected one of {tuple(ROPE_TYPES)}."
+    return RopeParameters(
+        omega,
+        switch_length=int(_number(scaling, "max_position_embeddings", "dynamic")),
+        dynamic_factor=_number(scaling, "factor", "dynamic"),
     )
 
 
@@ -176,7 +132,7 @@ def _yarn(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParame
     return RopeParameters(blended, attention_factor=float(attention_factor))
 
 
-def _proportional(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
+def _proportional(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
     # transformers: rope_angles = int(partial_rotary_factor * head_dim // 2).
     rotated = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
     factor = scaling.get("factor")
@@ -184,7 +140,7 @@ def _proportional(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
     return RopeParameters(omega / (1.0 if factor is None else float(factor)))
 
 
-def _llama3(omega: np.ndarray, scaling: dict) -> RopeParameters:
+def _llama3(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
     factor = _number(scaling, "factor", "llama3")
     low_freq_factor = _number(scaling, "low_freq_factor", "llama3")
     high_freq_factor = _number(scaling, "high_freq_factor", "llama3")
@@ -204,7 +160,7 @@ def _llama3(omega: np.ndarray, scaling: dict) -> RopeParameters:
     return RopeParameters(np.where(medium, smoothed, scaled))
 
 
-def _longrope(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
+def _longrope(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
     original = _original_length(scaling, "longrope")
     if scaling.get("factor") is not None:
         factor = _number(scaling, "factor", "longrope")
@@ -225,69 +181,81 @@ def _longrope(omega: np.ndarray, dim: int, scaling: dict) -> RopeParameters:
     )
 
 
-class SwitchByLength:
-    """Rows of `short` while the total length is at most `switch_length`, of `long` past it.
-
-    The total length is `start_index + sequence` for a run and the largest position + 1
-    for explicit positions; it is decided at trace time when known, else at run time
-    (`keras.ops.cond`).
-    """
-
-    def __init__(self, short, long, switch_length: int):
-        self.short = short
-        self.long = long
-        self.switch_length = switch_length
-
-    def slice(self, start, length, combine=as_rows, traced=None):
-        return self._choose(
-            start + length,
-            lambda table, combine: table.slice(start, length, combine, traced),
-            combine,
-        )
-
-    def gather(self, positions) -> tuple:
-        return self._choose(
-            ops.max(positions) + 1,
-            lambda table, combine: combine(*table.gather(positions)),
-            as_rows,
-        )
-
-    def _choose(self, total_length, rows, combine):
-        """`combine` of `rows(table, combine_inside)` of the table `total_length` picks: where
-        `combine` runs is the backend's (`tricks().combined`)."""
-        t = tricks()
-        known = t.static_value(total_length)
-        if known is not None:
-            table = self.long if known > self.switch_length else self.short
-            return t.combined(lambda inside: rows(table, inside), combine)
-        return t.combined(
-            lambda inside: t.cond(
-                total_length > self.switch_length,
-                lambda: rows(self.long, inside),
-                lambda: rows(self.short, inside),
-            ),
-            combine,
-        )
+def _axial(omega: np.ndarray, dim: int, base: float, scaling: dict) -> RopeParameters:
+    raise ValueError(
+        "rope_type 'axial' (transformers' 2D vision RoPE) turns pairs by two coordinates, "
+        "not one scaling of one axis: use RotaryEmbedding(axes_dims=(d/2, d/2)) with "
+        "positions (tokens, 2), which RotaryEmbedding.from_transformers_config reads."
+    )
 
 
-class DynamicRows:
-    """Rows for dynamic NTK scaling: frequencies for the total length as two float32 words
-    (`keras_posenc.dynamic_ntk`), rotated by the fixed-point `tricks().exact_sin_cos`."""
+# The registry. The order is that of the messages naming the types.
+ROPE_TYPES: dict[str, RopeType] = {
+    "default": RopeType(_default),
+    "linear": RopeType(_linear, required=("factor",)),
+    "dynamic": RopeType(
+        _dynamic,
+        required=("factor", "max_position_embeddings"),
+        # Accepted and unused, as in transformers.
+        optional=("original_max_position_embeddings",),
+        needs_max_length=True,
+    ),
+    "yarn": RopeType(
+        _yarn,
+        optional=(
+            "factor",
+            "original_max_position_embeddings",
+            "max_position_embeddings",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ),
+        null_keys=(
+            "factor",
+            "attention_factor",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+        ),
+        needs_original_length=True,
+        factor_from_lengths=True,
+    ),
+    "llama3": RopeType(
+        _llama3,
+        required=(
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ),
+        optional=("max_position_embeddings",),
+        needs_original_length=True,
+    ),
+    # Gemma 4's p-RoPE: the exponent's denominator is the whole head, and the frequencies of
+    # all but the first `partial_rotary_factor` of the channel pairs are zero.
+    "proportional": RopeType(_proportional, optional=("factor",), partial_in_scaling=True),
+    "axial": RopeType(_axial),
+    "longrope": RopeType(
+        _longrope,
+        required=("short_factor", "long_factor"),
+        optional=(
+            "factor",
+            "attention_factor",
+            "original_max_position_embeddings",
+            "max_position_embeddings",
+        ),
+        null_keys=("factor", "attention_factor"),
+        needs_original_length=True,
+        factor_from_lengths=True,
+    ),
+}
 
-    def __init__(self, omega: np.ndarray, factor: float, max_position_embeddings: int, layout):
-        from keras_posenc.dynamic_ntk import DynamicFrequencies
 
-        self.frequencies = DynamicFrequencies(omega, factor, max_position_embeddings)
-        self.layout = layout
-
-    def slice(self, start, length, combine=as_rows, traced=None):
-        positions = ops.arange(length, dtype="int32") + start
-        total_length = tricks().total_length_of_run(start, length, positions)
-        return combine(*self._rows(positions, total_length))
-
-    def gather(self, positions) -> tuple:
-        return self._rows(positions, ops.max(positions) + 1)
-
-    def _rows(self, positions, total_length) -> tuple:
-        turns = self.frequencies.turns(total_length)
-        return tuple(self.layout(*tricks().exact_sin_cos(positions, turns)))
+def find_rope_type(name) -> RopeType | None:
+    """The entry of `name`; None when no type has that name (`checked_scaling` refuses it,
+    naming the known ones), for readers that run before that check."""
+    return ROPE_TYPES.get(name) if isinstance(name, str) else None

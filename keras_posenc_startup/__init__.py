@@ -1,10 +1,14 @@
-"""TensorFlow's native log lines left out of stderr: for the job, the package's converters,
-and a user's script while it imports the package (`quiet_tensorflow_start`).
+"""What runs before Keras and TensorFlow load: the backend Keras will load, and TensorFlow's
+native log lines left out of stderr (for the package's own import, `quiet_tensorflow_start`;
+its converters; and the export job, `keras_posenc_cli`).
+
+A package of its own, beside `keras_posenc`, because `keras_posenc/__init__.py` imports Keras
+and this must run before that: it imports neither Keras nor TensorFlow. The library and
+the job's command line both import it; it imports neither of them.
 
 TensorFlow's C++ code writes to the process's stderr directly, where Python's `logging` and
 `warnings` cannot filter it; so the file descriptor is redirected for the length of a
-block and what was written is passed on without the noise. TensorFlow-free, so that the
-job can use it around TensorFlow's own start-up.
+block and what was written is passed on without the noise.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What a RoPE `scaling` dict may hold: its keys per `rope_type`, each value's type and range.
 
 `checked_scaling` turns a user's dict (transformers' `rope_scaling` or `rope_parameters`)
-into plain Python values or raises an error naming the key; `rope_scaling` computes the
-frequencies from the checked dict.
+into plain Python values or raises an error naming the key; the keys of each type are its
+entry's in `keras_posenc.rope.registry`, and a type that is not there is refused by name.
+`keras_posenc.rope.scaling` computes the frequencies from the checked dict.
 """
 
 from __future__ import annotations
@@ -11,76 +12,16 @@ import math
 
 import numpy as np
 
+from keras_posenc._checks import short_repr
+from keras_posenc.rope.registry import ROPE_TYPES
+
 _NUMBER = (int, float, np.integer, np.floating)
-
-# rope_type: (required keys, optional keys); "rope_type" itself (or the legacy "type") aside.
-ROPE_TYPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "default": ((), ()),
-    "linear": (("factor",), ()),
-    "dynamic": (
-        ("factor", "max_position_embeddings"),
-        # Accepted and unused, as in transformers.
-        ("original_max_position_embeddings",),
-    ),
-    "yarn": (
-        (),
-        (
-            "factor",
-            "original_max_position_embeddings",
-            "max_position_embeddings",
-            "attention_factor",
-            "beta_fast",
-            "beta_slow",
-            "mscale",
-            "mscale_all_dim",
-            "truncate",
-        ),
-    ),
-    "llama3": (
-        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-        ("max_position_embeddings",),
-    ),
-    # Gemma 4's p-RoPE: the exponent's denominator is the whole head, and the frequencies of
-    # all but the first `partial_rotary_factor` of the channel pairs are zero.
-    "proportional": ((), ("factor",)),
-    # transformers' vision RoPE (`keras_posenc.configs.axial`): no keys of its own, and
-    # no frequencies of one axis (`rope_parameters` says to give `axes_dims`).
-    "axial": ((), ()),
-    "longrope": (
-        ("short_factor", "long_factor"),
-        (
-            "factor",
-            "attention_factor",
-            "original_max_position_embeddings",
-            "max_position_embeddings",
-        ),
-    ),
-}
-
 
 # Keys a scaling dict may carry whatever its rope_type: transformers 5's `rope_parameters`
 # keeps the base and the rotated fraction there.
 SHARED_KEYS = ("rope_theta", "partial_rotary_factor")
 _INTEGER_KEYS = ("original_max_position_embeddings", "max_position_embeddings")
 _LIST_KEYS = ("short_factor", "long_factor")
-# Keys transformers reads with `or default` / `if x is None`: None means "not given".
-_OPTIONAL_NONE = (
-    "factor",
-    "attention_factor",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-)
-
-
-def short_repr(value, limit: int = 60) -> str:
-    """`repr(value)`, cut to `limit` characters: messages never print a huge list."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    size = f" ({len(value)} entries)" if hasattr(value, "__len__") else ""
-    return text[: limit - 3] + "..." + size
 
 
 def _is_number(value) -> bool:
@@ -90,9 +31,8 @@ def _is_number(value) -> bool:
 def _checked_value(key: str, value, rope_type: str):
     """The value of `key` as a plain Python number / list / bool, or a clear error."""
     where = f"scaling[{key!r}] for rope_type {rope_type!r}"
-    if value is None and key in _OPTIONAL_NONE:
-        if key != "factor" or rope_type in ("yarn", "longrope"):
-            return None
+    if value is None and key in ROPE_TYPES[rope_type].null_keys:
+        return None  # "not given"
     if key == "truncate":
         if not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{where} must be true or false, got {short_repr(value)}.")
@@ -148,7 +88,8 @@ def checked_scaling(scaling: dict | None) -> dict | None:
             f"Unknown rope_type {short_repr(rope_type)} in scaling; expected one of "
             f"{tuple(ROPE_TYPES)}."
         )
-    required, optional = ROPE_TYPES[rope_type]
+    entry = ROPE_TYPES[rope_type]
+    required, optional = entry.required, entry.optional
     missing = [key for key in required if key not in scaling]
     if missing:
         raise ValueError(
@@ -173,18 +114,19 @@ def check_shared_keys(scaling: dict, max_wavelength: float) -> None:
     They must agree with the layer: `rope_theta` equal to `max_wavelength` (a dict taken
     from a config with another base would rotate at the wrong frequencies), and
     `partial_rotary_factor` 1 (the layer cannot see the head size to apply a fraction:
-    give `rotary_dim`, or use `from_transformers_config`, which does), except for
-    `proportional`, whose fraction is of the frequencies of a rotation of the whole head.
+    give `rotary_dim`, or use `from_transformers_config`, which does), except for a type
+    whose fraction is of the frequencies of a rotation of the whole head (its entry's
+    `partial_in_scaling`: `proportional`). `scaling` is a checked dict.
     """
     theta = scaling.get("rope_theta")
-    proportional = scaling.get("rope_type") == "proportional"
+    fraction_of_pairs = ROPE_TYPES[scaling["rope_type"]].partial_in_scaling
     if theta is not None and theta != float(max_wavelength):
         raise ValueError(
             f"scaling['rope_theta']={theta} differs from max_wavelength={max_wavelength}: pass "
             f"max_wavelength={theta} (or drop 'rope_theta' from scaling)."
         )
     partial = scaling.get("partial_rotary_factor", 1.0)
-    if partial != 1.0 and not proportional:  # proportional's own key: its fraction of pairs
+    if partial != 1.0 and not fraction_of_pairs:  # the type's own key then
         raise ValueError(
             f"scaling['partial_rotary_factor']={partial}: the layer cannot apply a fraction of "
             "the head; pass rotary_dim=int(head_dim * factor) and drop the key, or build the "
