@@ -31,7 +31,7 @@ def _litert(data: bytes, batch: int, position: int):
     """`call() -> seconds` of the file's `decode` at `position`, inputs set once."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from keras_posenc.export.decoder.litert_decoder import causal_mask
+    from keras_posenc.export.decoder.litert_runner import causal_mask
 
     interpreter = Interpreter(model_content=data, num_threads=1)
     runner = interpreter.get_signature_runner("decode")

@@ -104,7 +104,7 @@ def experts_alone(moe, rounds: int) -> list[dict]:
 
     from onnx import TensorProto, helper
 
-    from keras_posenc.export.decoder.graph import GraphBuilder
+    from keras_posenc.export.decoder.graph_builder import GraphBuilder
     from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 
     def session(write):

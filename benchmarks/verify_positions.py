@@ -39,7 +39,7 @@ def run(sizes=("tiny", "512x8")) -> list[dict]:
 
     from keras_posenc.export.decoder import check, decoder_onnx, describe_decoder
     from keras_posenc.export.decoder.exact import exact_greedy
-    from keras_posenc.export.decoder.greedy import keras_greedy, onnx_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy, onnx_greedy
 
     rows = []
     for name in sizes:

@@ -1,7 +1,7 @@
 """onnxruntime on the genai interface: one cache buffer per layer, bound as past and present.
 
-`onnx_greedy` is the verification's runner (`keras_posenc.export.decoder.greedy` re-exports
-both names): its `steps` counts the single-token calls after the prompt, so it returns
+`onnx_greedy` is the verification's runner (`keras_posenc.export.decoder.greedy_generation`
+re-exports both names): its `steps` counts the single-token calls after the prompt, so it returns
 `steps + 1` tokens, the first picked from the prompt's logits. The public API,
 `keras_posenc_serve.load(folder).generate(prompts, steps=n)`, returns exactly `n` tokens.
 """

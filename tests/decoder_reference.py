@@ -86,7 +86,7 @@ class ReferenceDecoder:
 
 
 def reference_greedy(step_model, prompts, mask, steps: int):
-    """`(tokens (batch, steps + 1), logits)` as `greedy.keras_greedy` returns them."""
+    """`(tokens (batch, steps + 1), logits)` as `greedy_generation.keras_greedy` returns them."""
     batch, length = prompts.shape
     tokens = np.zeros((batch, steps + 1), np.int64)
     vocabulary = ReferenceDecoder(step_model).embedding.shape[0]

@@ -22,7 +22,7 @@ import onnxruntime
 import pytest
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder.check import ATOL, RTOL, row_scale
+from keras_posenc.export.decoder.logit_tolerance import ATOL, RTOL, row_scale
 
 TESTS = Path(__file__).resolve().parent
 REPOSITORY = TESTS.parent

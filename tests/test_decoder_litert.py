@@ -16,12 +16,8 @@ from test_decoder_save import MAX_LENGTH, VOCABULARY, step_model
 
 from keras_posenc.export import VerificationError, save_decoder
 from keras_posenc.export.decoder import check, decoder_cases, describe_decoder, save
-from keras_posenc.export.decoder.litert_decoder import (
-    LiteRTDecoder,
-    causal_mask,
-    decoder_litert,
-    litert_greedy,
-)
+from keras_posenc.export.decoder.litert_decoder import decoder_litert
+from keras_posenc.export.decoder.litert_runner import LiteRTDecoder, causal_mask, litert_greedy
 from keras_posenc.export.litert import litert_interpreter, litert_ops
 
 

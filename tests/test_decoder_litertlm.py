@@ -14,7 +14,8 @@ from tiny_sentencepiece import tiny_llama_with_tokenizer
 
 from keras_posenc.export import ExportError, save_decoder
 from keras_posenc.export.decoder import check
-from keras_posenc.export.decoder.litert_decoder import causal_mask, decoder_litert
+from keras_posenc.export.decoder.litert_decoder import decoder_litert
+from keras_posenc.export.decoder.litert_runner import causal_mask
 from keras_posenc.export.decoder.litertlm_model import decoder_litertlm_tflite
 from keras_posenc.export.litert import litert_interpreter
 

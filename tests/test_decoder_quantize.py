@@ -21,7 +21,7 @@ from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import save
-from keras_posenc.export.decoder.description import describe_decoder
+from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.progress import Progress
 from keras_posenc.export.decoder.quantize import dequantize, quantize
 from keras_posenc.export.decoder.quantized_graph import Quantization

@@ -18,7 +18,7 @@ from float32_error import assert_within_bound
 
 from keras_posenc import RotaryGroupQueryAttention
 from keras_posenc.export import save_onnx, save_saved_model, verify_export
-from keras_posenc.export.decoder.check import bound as logit_bound
+from keras_posenc.export.decoder.logit_tolerance import bound as logit_bound
 from keras_posenc.export.verify.runtimes import onnx_session
 
 VOCABULARY, WIDTH, HEAD_DIM, QUERY_HEADS, KV_HEADS = 32, 32, 8, 4, 2

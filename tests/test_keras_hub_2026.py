@@ -32,8 +32,8 @@ from keras_hub_models import (
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import compare_greedy, decoder_cases, decoder_onnx, onnx_greedy
-from keras_posenc.export.decoder.description import describe_decoder
-from keras_posenc.export.decoder.greedy import keras_greedy
+from keras_posenc.export.decoder.greedy_generation import keras_greedy
+from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import FAMILIES, describe_causal_lm, keras_hub_greedy, rebuild
 from keras_posenc.layers.decoder_block import DecoderBlock

@@ -42,7 +42,7 @@ from keras_posenc.export.decoder import (
     onnx_greedy,
     runtime_version,
 )
-from keras_posenc.export.decoder.greedy import keras_greedy
+from keras_posenc.export.decoder.greedy_generation import keras_greedy
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild
 

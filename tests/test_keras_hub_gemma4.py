@@ -31,7 +31,8 @@ from keras_hub_models import MAX_LENGTH, VOCABULARY, tiny_causal_lm_2026
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import decoder_cases, decoder_onnx, onnx_greedy
-from keras_posenc.export.decoder.litert_decoder import decoder_litert, litert_greedy
+from keras_posenc.export.decoder.litert_decoder import decoder_litert
+from keras_posenc.export.decoder.litert_runner import litert_greedy
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy
 

@@ -34,7 +34,7 @@ from keras_posenc.export.decoder import (
     onnx_greedy,
     runtime_version,
 )
-from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm, keras_hub_greedy, rebuild

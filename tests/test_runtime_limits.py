@@ -18,7 +18,7 @@ import pytest
 from keras_posenc import DecoderBlock, decoder_models
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import onnx_greedy
-from keras_posenc.export.decoder.greedy import SharedCacheSession
+from keras_posenc.export.decoder.greedy_generation import SharedCacheSession
 
 VOCABULARY, WIDTH, MAX_LENGTH = 40, 32, 32
 

@@ -22,7 +22,7 @@ import pytest
 import keras_posenc_serve
 from keras_posenc import DecoderBlock, decoder_models
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import check, keras_greedy
+from keras_posenc.export.decoder import keras_greedy, logit_tolerance
 
 VOCABULARY, WIDTH, MAX_LENGTH = 40, 32, 48
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_greedy_tokens_are_keras_greedy_tokens(exported, pads):
     # The logits each token was chosen from, within the verification's own tolerance.
     reference = [expected_logits[0][:, -1], *expected_logits[1:]]
     for step, expected in enumerate(reference):
-        bound = check.ATOL + check.RTOL * check.row_scale(expected)
+        bound = logit_tolerance.ATOL + logit_tolerance.RTOL * logit_tolerance.row_scale(expected)
         assert np.all(np.abs(logits[:, step] - expected) <= bound), step
 
 

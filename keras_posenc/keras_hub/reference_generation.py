@@ -4,7 +4,7 @@ keras_hub keeps each row's tokens from cache slot 0 (its preprocessors pad on th
 and generates as its `generate()` does: the prompt in one `call_with_cache`, then one
 token per call from the shortest prompt's end on, a row taking its own prompt token
 where it still has one and the argmax of its last logits after. The results are put in
-the layout of `keras_posenc.export.decoder.greedy` (prompts padded on the left), so
+the layout of `keras_posenc.export.decoder.greedy_generation` (prompts padded on the left), so
 `check.compare_greedy` compares them with an ONNX run as it compares a step model's.
 """
 

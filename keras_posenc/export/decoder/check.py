@@ -14,7 +14,7 @@ row, a chunk, a window, a scaling switch) is seen.
 Passed: the tokens are the reference's, and every logit of the prompt's real tokens and
 of every step is within `atol + rtol·rms(reference row)` (atol 1e-5, rtol 1e-4: optimum's
 and transformers' ONNX validation, with the relative part taken of the row's RMS, see
-`row_scale`). Where the reference's choice is itself within rounding of another (an
+`logit_tolerance.py`). Where the reference's choice is itself within rounding of another (an
 argmax tie, a mixture of experts' router tie) either is right, and where the reference is
 the less exact float32 computation, a float64 decode of the description decides: see
 `judge.py`. A failure names the case, the step, the row and the position of the worst
@@ -26,11 +26,19 @@ from __future__ import annotations
 
 import numpy as np
 
-ATOL, RTOL = 1e-5, 1e-4
+from keras_posenc.export.decoder.logit_tolerance import (
+    ATOL,
+    RTOL,
+    TIE,
+    bound,
+    compared,
+    margin,
+    positions,
+)
+
 # Logits compared at a time: their float64 errors are ~6 copies of them (a prompt of 256
 # rows of a vocabulary of 128256 would be 1.6 GB at once).
 BLOCK_LOGITS = 2**20
-TIE = 2  # a tie: a margin a flip can cross, each of the two logits moving by a tolerance
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
 # The long case: batch 2 (one row padded by 3), LONG_STEPS single tokens after a prompt
@@ -57,13 +65,6 @@ def long_case(rng, vocabulary: int, max_length: int, window: int) -> dict:
     prompts, mask = _padded(rng, vocabulary, LONG_PADS, end - steps)
     name = f"batch 2 past the window of {window} (one row left-padded)"
     return {"name": name, "prompts": prompts, "mask": mask, "steps": steps}
-
-
-def widest_window(decoder) -> int | None:
-    """The widest sliding window of `decoder` (a `Decoder`), or None: the description keeps
-    only windows narrower than its `max_length`."""
-    windows = [block.attention.window for block in decoder.blocks]
-    return max((w for w in windows if w is not None), default=None)
 
 
 def decoder_cases(
@@ -103,47 +104,8 @@ def _errors(expected: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return absolute, relative, absolute - bound(expected)
 
 
-def row_scale(logits: np.ndarray) -> np.ndarray:
-    """The RMS of each row of logits (last axis), what `RTOL` is relative to.
-
-    A logit's float32 error comes from its row's hidden state and the head, not from its
-    own size: one near 0 carries the error of the row's large ones (a Gemma 4 prompt of
-    120 tokens: keras_hub's logits 3.4e-5 from a float64 decode where |logit| is 1e-3).
-    """
-    return np.sqrt(np.mean(np.square(logits), axis=-1, keepdims=True))
-
-
-def bound(logits: np.ndarray) -> np.ndarray:
-    """Each row's tolerance `ATOL + RTOL·rms(row)`, `(..., 1)`."""
-    return ATOL + RTOL * row_scale(np.asarray(logits, np.float64))
-
-
-def margin(logits: np.ndarray) -> np.ndarray:
-    """Each row's top-1 logit less its top-2 (last axis)."""
-    top = np.partition(np.asarray(logits, np.float64), -2, axis=-1)
-    return top[..., -1] - top[..., -2]
-
-
-def positions(mask: np.ndarray, steps: int) -> list[np.ndarray]:
-    """Each logit row's position in the greedy layout: `(batch, prompt)` for the prompt
-    (negative at padding), then `(batch,)` per step (step `s` follows token `s - 1`)."""
-    real = mask.astype(bool).sum(axis=1)
-    prompt = np.arange(mask.shape[1])[None, :] - (mask.shape[1] - real)[:, None]
-    return [prompt, *(real - 1 + s for s in range(1, steps + 1))]
-
-
-def compared(mask: np.ndarray, steps: int, released=None) -> list[np.ndarray]:
-    """Boolean selections of the logit rows compared (greedy layout): the prompt's real
-    tokens and every step, short of each row's `released` position (a router tie: see
-    `judge.py`) on."""
-    released = np.full(len(mask), np.inf) if released is None else np.asarray(released)
-    at = positions(mask, steps)
-    first = mask.astype(bool) & (at[0] < released[:, None])
-    return [first, *(p < released for p in at[1:])]
-
-
 def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
-    """Tokens and logits of one runtime against the reference's (`greedy.keras_greedy`'s
+    """Tokens and logits of one runtime against the reference's (`greedy_generation.keras_greedy`'s
     layout).
 
     Logits are compared up to the first step whose tokens differ (later ones follow other
@@ -294,13 +256,13 @@ def verify_decoder(
     `reference`, a greedy function of the same form, replaces the step model's
     (`keras_greedy`) as what the runtimes must match (a keras_hub CausalLM's own
     generation), named `reference_name` in the report; `window`, the decoder's widest
-    sliding window (`widest_window`), adds the case past it; `decoder`, the description
+    sliding window (`description.widest_window`), adds the case past it; `decoder`, the description
     (or `on_demand.DescriptionOnDemand`: made only where the float64 decode is run),
     enables the float64 decode (`exact.py`) that judges router ties and a reference less
     exact than the file (`judge.py`).
     """
     from keras_posenc.export.decoder import judge
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
     from keras_posenc.export.decoder.on_demand import on_demand
 
     if reference is None:

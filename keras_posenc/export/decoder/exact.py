@@ -200,7 +200,7 @@ def exact_row(decoder: Decoder, tokens) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def exact_greedy(decoder: Decoder, prompts: np.ndarray, mask: np.ndarray, tokens: np.ndarray):
-    """The float64 logits along a given greedy path, in `greedy.keras_greedy`'s layout.
+    """The float64 logits along a given greedy path, in `greedy_generation.keras_greedy`'s layout.
 
     Args:
         decoder: the description.

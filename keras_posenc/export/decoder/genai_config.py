@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from keras_posenc.export.decoder.description import Decoder
+from keras_posenc.export.decoder.genai_interface import (
+    SHARE_BUFFER,
+    config_inputs,
+    config_outputs,
+)
 
 
 def genai_config(
@@ -30,17 +35,8 @@ def genai_config(
                 "filename": filename,
                 "head_size": attention.head_dim,
                 "hidden_size": decoder.width,
-                "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
-                },
+                "inputs": config_inputs(),
+                "outputs": config_outputs(),
                 "num_attention_heads": attention.num_heads,
                 "num_hidden_layers": decoder.num_layers,
                 "num_key_value_heads": attention.kv_num_heads,
@@ -60,7 +56,7 @@ def genai_config(
             "no_repeat_ngram_size": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": True,
+            "past_present_share_buffer": SHARE_BUFFER,
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 1,

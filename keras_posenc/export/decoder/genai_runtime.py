@@ -5,7 +5,7 @@ folder it cannot load (an end token outside the vocabulary, a config it refuses)
 otherwise is never kept. Each row runs alone at batch 1: onnxruntime-genai 0.18 feeds an
 all-ones attention mask for a batch padded on the left, so a padded row of a batch
 generates other tokens there whatever graph is exported (`keras_posenc_serve` runs a
-padded batch as each row alone). The results are put in the layout of `greedy.py` (the
+padded batch as each row alone). The results are put in the layout of `greedy_generation.py` (the
 prompt's logits `(batch, prompt, vocabulary)`, then each step's), so `check.compare_greedy`
 compares them as it compares the others.
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_posenc.export.decoder.genai_interface import LOGITS
 from keras_posenc.export.errors import ExportError
 
 
@@ -56,7 +57,7 @@ def _row(model, prompt: list[int], steps: int, context: int):
     the prompt alone at batch 1, og picking each token."""
     max_length = min(len(prompt) + steps + 1, context)
     generator = _generator(model, prompt, max_length)
-    prompt_logits = generator.get_output("logits")[0]
+    prompt_logits = generator.get_output(LOGITS)[0]
     sequence, tokens, step_logits = list(prompt), [], []
     for step in range(steps + 1):
         if step and generator.is_done():
@@ -65,7 +66,7 @@ def _row(model, prompt: list[int], steps: int, context: int):
             else:  # the sequence is full: its last token fed as part of a prompt
                 generator = _generator(model, sequence, len(sequence))
             if len(sequence) == max_length:  # og picks no token past its max_length
-                step_logits.append(generator.get_output("logits")[0, -1])
+                step_logits.append(generator.get_output(LOGITS)[0, -1])
                 tokens.append(int(np.argmax(step_logits[-1])))
                 sequence.append(tokens[-1])
                 continue
@@ -75,7 +76,7 @@ def _row(model, prompt: list[int], steps: int, context: int):
             continue
         generator.generate_next_token()
         if step:
-            step_logits.append(generator.get_output("logits")[0, -1])
+            step_logits.append(generator.get_output(LOGITS)[0, -1])
         tokens.append(int(generator.get_next_tokens()[0]))
         sequence.append(tokens[-1])
     return np.asarray(tokens), prompt_logits, step_logits

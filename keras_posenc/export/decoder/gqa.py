@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.genai_interface import past_names, present_names
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.projection import (
     attention_inputs,
     attention_output,
@@ -154,8 +155,7 @@ class GqaAttention:
         if source is None:
             qkv = attention_inputs(g, i, hidden, attention)
             self._new_kv[i] = qkv[1:]
-            caches = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-            presents = [f"present.{i}.key", f"present.{i}.value"]
+            caches, presents = past_names(i), present_names(i)
         else:
             qkv, caches, presents = self._shared(g, i, hidden, attention, source)
         inputs = [
@@ -210,6 +210,6 @@ class GqaAttention:
                 "attention='standard' or formats=('litert',)."
             )
         query = query_input(g, i, hidden, attention)
-        caches = [f"present.{source}.key", f"present.{source}.value"]
+        caches = present_names(source)
         presents = [g.name(f"layers.{i}.shared_key"), g.name(f"layers.{i}.shared_value")]
         return [query, key, value], caches, presents

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_posenc.export.decoder.check import (
+from keras_posenc.export.decoder.logit_tolerance import (
     ATOL,
     RTOL,
     TIE,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Moe
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 
 # keras_hub's lower clamp of the gate (`ops.clip(gate, -1e9, limit)`).
 GATE_FLOOR = -1e9

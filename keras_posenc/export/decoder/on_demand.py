@@ -21,8 +21,7 @@ import dataclasses
 import gc
 from collections.abc import Callable
 
-from keras_posenc.export.decoder.check import widest_window
-from keras_posenc.export.decoder.description import Decoder, Moe
+from keras_posenc.export.decoder.description import Decoder, Moe, widest_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +30,7 @@ class DescriptionOnDemand:
 
     Attributes:
         vocabulary: the description's vocabulary.
-        window: its widest sliding window (`check.widest_window`), or None.
+        window: its widest sliding window (`description.widest_window`), or None.
         moe: whether a block holds a mixture of experts (its router is judged by a
             float64 decode of every case).
         describe: makes the description (again).

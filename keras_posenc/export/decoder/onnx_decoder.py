@@ -1,17 +1,15 @@
 """A `Decoder` as an ONNX graph in onnxruntime-genai's decoder interface, made with `onnx.helper`.
 
-Inputs `input_ids` int64 `(batch, sequence)`, `attention_mask` int64 `(batch,
-total_sequence_length)`, `past_key_values.{i}.key|value` float32 `(batch,
-num_key_value_heads, max_length, head_dim)`; outputs `logits` `(batch, sequence,
-vocabulary)` and `present.{i}.key|value` of the past's shape, so that one buffer per layer
-can be bound as both (genai's past_present_share_buffer). Each layer's cache has its own
-head count and size (Gemma 4's global layers), and a KV-sharing layer has none (genai finds
-the cached layers by their input names). Gemma 4's per-layer embeddings are computed from
+The interface (inputs `input_ids`, `attention_mask` and each layer's past cache; outputs
+`logits` and the present caches, one buffer per layer bound as both) is
+`genai_interface.py`'s. Each layer's cache has its own head count and size (Gemma 4's
+global layers), and a KV-sharing layer has none (genai finds the cached layers by their
+input names). Gemma 4's per-layer embeddings are computed from
 `input_ids` inside the graph. No converter in between: the
 graph is what the genai model builder writes for a Llama-style model, node for node
 (`SimplifiedLayerNormalization` / `SkipSimplifiedLayerNormalization` for the norms and
 the residual adds, MatMuls, the attention of `attention=`, a mixture of experts as one
-`com.microsoft.MoE`). With `attention="standard"` every node is ONNX's own (opset 24):
+`com.microsoft.MoE`). With `attention="standard"` every node is ONNX's own (opset 23):
 `RMSNormalization` and `Add` for the norms and residuals, `Gelu`, the attention of
 `standard.py` and the dense mixture of experts of `moe.py`.
 """
@@ -24,8 +22,14 @@ from onnx import TensorProto, helper
 
 from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.description import Decoder, Mlp, Moe, PerLayerInputs
+from keras_posenc.export.decoder.genai_interface import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    value_infos,
+)
 from keras_posenc.export.decoder.gqa import GqaAttention
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.decoder.quantized_graph import (
     embedding_lookup,
@@ -72,39 +76,6 @@ def _mlp(g: GraphBuilder, i: int, hidden: str, mlp: Mlp | Moe) -> str:
     else:
         hidden = g.node("Gelu", [up], domain="" if g.standard else MICROSOFT)
     return weight_matmul(g, hidden, mlp.down, f"layers.{i}.mlp.down_proj")
-
-
-def interface(decoder: Decoder) -> tuple[list, list]:
-    """The graph's `(inputs, outputs)` value infos: a cache per layer that has one (not
-    the KV-sharing layers), each of its own layer's head count and size."""
-    inputs = [
-        helper.make_tensor_value_info(
-            "input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]
-        ),
-        helper.make_tensor_value_info(
-            "attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]
-        ),
-    ]
-    outputs = [
-        helper.make_tensor_value_info(
-            "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", decoder.vocabulary]
-        )
-    ]
-    for i in decoder.cached_layers():
-        attention = decoder.blocks[i].attention
-        heads, head_dim = attention.kv_num_heads, attention.head_dim
-        cache = ["batch_size", heads, "past_sequence_length", head_dim]
-        present = ["batch_size", heads, "total_sequence_length", head_dim]
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, present)
-            )
-    return inputs, outputs
 
 
 def _per_layer_inputs(g: GraphBuilder, ids: str, x: str, ple: PerLayerInputs, layers: int):
@@ -166,7 +137,7 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
         attend, opset = StandardAttention(decoder), STANDARD_OPSET
     else:
         raise ValueError(f"attention must be 'gqa' or 'standard', got {attention!r}.")
-    ids = attend.prepare(g, "input_ids", "attention_mask")
+    ids = attend.prepare(g, INPUT_IDS, ATTENTION_MASK)
     x = embedding_lookup(g, decoder, ids)
     if decoder.embedding_scale != 1.0:
         x = g.node("Mul", [x, g.constant(decoder.embedding_scale, np.float32)])
@@ -202,14 +173,14 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
         progress.layer(i, decoder.num_layers)
     hidden = attend.finish(g, hidden)
     capped, biased = decoder.final_softcap > 0, decoder.head_bias is not None
-    logits = head_matmul(g, hidden, decoder.head, 1 if biased or capped else ["logits"])
+    logits = head_matmul(g, hidden, decoder.head, 1 if biased or capped else [LOGITS])
     if biased:
         bias = g.initializer("lm_head.bias", decoder.head_bias)
-        logits = g.node("Add", [logits, bias], 1 if capped else ["logits"])
+        logits = g.node("Add", [logits, bias], 1 if capped else [LOGITS])
     if capped:
         cap = g.constant(decoder.final_softcap, np.float32)
-        g.node("Mul", [g.node("Tanh", [g.node("Div", [logits, cap])]), cap], ["logits"])
-    inputs, outputs = interface(decoder)
+        g.node("Mul", [g.node("Tanh", [g.node("Div", [logits, cap])]), cap], [LOGITS])
+    inputs, outputs = value_infos(decoder)
     model = g.model(inputs, outputs, opset, contrib=not g.standard)
     check(model)
     return model

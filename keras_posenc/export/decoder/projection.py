@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Norm
-from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.quantized_graph import weight_matmul
 
 

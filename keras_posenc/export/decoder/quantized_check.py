@@ -24,7 +24,7 @@ import contextlib
 import keras
 import numpy as np
 
-from keras_posenc.export.decoder.check import row_scale
+from keras_posenc.export.decoder.logit_tolerance import row_scale
 from keras_posenc.export.decoder.quantize import round_trip
 from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.errors import ExportError

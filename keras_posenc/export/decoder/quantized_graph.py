@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from keras_posenc.export.decoder.graph import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
 from keras_posenc.export.errors import ExportError
 

@@ -39,7 +39,7 @@ def _float_arithmetic(path, max_length: int):
     import onnx
     import onnxruntime
 
-    from keras_posenc.export.decoder.greedy import onnx_greedy
+    from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 
     model = onnx.load(path)
     for node in model.graph.node:
@@ -60,7 +60,7 @@ def verify_quantized_decoder(
     the description, or on demand (`on_demand.py`): made for the reference and released
     before the runtimes run."""
     from keras_posenc import keras_hub as bridge
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
     from keras_posenc.export.decoder.on_demand import on_demand
 
     def greedy_of(step_model):

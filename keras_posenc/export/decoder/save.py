@@ -17,7 +17,6 @@ from keras_posenc.export.decoder.check import (
     failure_message,
     verify_decoder,
 )
-from keras_posenc.export.decoder.description import describe_decoder
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
 from keras_posenc.export.decoder.failed_report import (
     failed_report_path,  # noqa: F401 (save.failed_report_path, as before)
@@ -26,7 +25,8 @@ from keras_posenc.export.decoder.failed_report import (
 )
 from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
-from keras_posenc.export.decoder.greedy import onnx_greedy
+from keras_posenc.export.decoder.greedy_generation import onnx_greedy
+from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
@@ -67,10 +67,10 @@ def decoder_litert(decoder) -> bytes:
 
 
 def litert_greedy(path: Path, prompts, mask, steps: int):
-    """`litert_decoder.litert_greedy`, imported when called (see `decoder_litert`)."""
-    from keras_posenc.export.decoder import litert_decoder
+    """`litert_runner.litert_greedy`, imported when called (see `decoder_litert`)."""
+    from keras_posenc.export.decoder import litert_runner
 
-    return litert_decoder.litert_greedy(path, prompts, mask, steps)
+    return litert_runner.litert_greedy(path, prompts, mask, steps)
 
 
 def save_decoder(
@@ -117,7 +117,7 @@ def save_decoder(
             `"standard"` (ONNX operators only for the attention).
         formats: the files to write and verify, from `"onnx"` (`model.onnx` and
             `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
-            (`model.litertlm`, docs/litertlm.md); LiteRT's converter is far slower.
+            (`model.litertlm`, docs/litertlm.md); LiteRT's converter's time: docs/decoding.md.
         bfloat16: a model in a low-precision dtype (bfloat16, float16, mixed_*; the files
             are float32): `"float32"` exports a float32 copy (warned), `"error"` refuses; a
             keras_hub model must be float32 (its reference is keras_hub's own generation).
@@ -268,7 +268,7 @@ def _verify(
     """`verify_decoder`'s report, each case said through `progress`; `source` the
     description on demand (`on_demand.py`); `reference` None is Keras's greedy generation
     through the step model. A quantized file's: see `quantized_save.py`."""
-    from keras_posenc.export.decoder.greedy import keras_greedy
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     if quantization is not None:
         from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder

@@ -37,8 +37,9 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Decoder, Rope
+from keras_posenc.export.decoder.genai_interface import CACHE_KINDS, past_name, present_name
 from keras_posenc.export.decoder.gqa import refuse_capped_sinks
-from keras_posenc.export.decoder.graph import GraphBuilder
+from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.projection import (
     attention_inputs,
     attention_output,
@@ -61,7 +62,7 @@ class StandardAttention:
         # The cache's slots: the bound buffer's (onnxruntime-genai sizes it by the search's
         # max_length, which may be below the export's).
         first = self.decoder.cached_layers()[0]
-        slots = g.node("Shape", [f"past_key_values.{first}.key"], start=2, end=3)  # (1,)
+        slots = g.node("Shape", [past_name(first, "key")], start=2, end=3)  # (1,)
         batch = g.node("Shape", [input_ids], start=0, end=1)  # (1,)
         length = g.node("Shape", [input_ids], start=1, end=2)
         total = g.node("Shape", [attention_mask], start=1, end=2)
@@ -224,10 +225,10 @@ class StandardAttention:
         self._caches[i] = [
             g.node(
                 "ScatterND",
-                [f"past_key_values.{i}.{kind}", self._indices[a.kv_num_heads], new],
-                [f"present.{i}.{kind}"],
+                [past_name(i, kind), self._indices[a.kv_num_heads], new],
+                [present_name(i, kind)],
             )
-            for kind, new in (("key", k), ("value", v))
+            for kind, new in zip(CACHE_KINDS, (k, v), strict=True)
         ]
         return (q, *self._caches[i])
 
