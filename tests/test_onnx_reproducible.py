@@ -1,4 +1,4 @@
-"""One model exported to ONNX in two processes gives the same bytes (`export.tf2onnx_order`)."""
+"""One model exported to ONNX in two processes gives the same bytes (`export.tf2onnx_private`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from onnx import helper, numpy_helper
 
-from keras_posenc.export.tf2onnx_order import deterministic_order, number_address_names
+from keras_posenc.export.tf2onnx_private import deterministic_order, number_address_names
 
 # A rotary attention encoder: If branches (the rotary's position check), equal constants
 # that tf2onnx and the passes merge, and einsums (tf2onnx's einsum<address> constants).

@@ -28,7 +28,7 @@ from keras_posenc.export.signature import (
     named_outputs,
     serving_function,
 )
-from keras_posenc.export.tf2onnx_order import deterministic_order, number_address_names
+from keras_posenc.export.tf2onnx_private import deterministic_order, number_address_names
 
 DEFAULT_OPSET = 17
 # tf2onnx 1.17 writes opsets up to 18; below 13 it cannot convert the einsums and batched
@@ -167,7 +167,7 @@ def onnx_model(
 
 def _converted(model: keras.Model, specs, opset: int, max_sequence_length: int | None):
     """tf2onnx's `onnx.ModelProto` of `model`'s serving function, at most opset 18, the same
-    in every process (`tf2onnx_order`: its order fixed, its address names numbered)."""
+    in every process (`tf2onnx_private`: its order fixed, its address names numbered)."""
     import tf2onnx
 
     function = serving_function(model)

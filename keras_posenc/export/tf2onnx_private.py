@@ -1,4 +1,4 @@
-"""tf2onnx's conversion made to give the same file in every process.
+"""tf2onnx's private steps, replaced so that its conversion gives the same file in every process.
 
 Two of tf2onnx's steps (1.17) iterate sets, so one model converted in two processes gives
 two files that differ in names (and in which of two equal nodes its merges keep):
