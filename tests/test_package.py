@@ -44,15 +44,15 @@ def test_registered_for_keras_serialization(name):
 @pytest.mark.parametrize(
     "module",
     [
-        "sinusoidal",
-        "learned",
-        "rotary",
-        "rotary_attention",
-        "rotary_group_query_attention",
-        "axes",
+        "layers.sinusoidal",
+        "layers.learned",
+        "layers.rotary",
+        "layers.rotary_attention",
+        "layers.rotary_group_query_attention",
+        "tables.axes",
         "configs.arguments",
-        "rope_per_layer",
-        "attention_temperature",
+        "configs.rope_per_layer",
+        "layers.attention_temperature",
     ],
 )
 def test_docstring_examples_run(module):
