@@ -18,20 +18,22 @@ from keras_posenc.backend import keras_private as private
 from keras_posenc.backend.lazy import tricks  # noqa: F401  re-exported: the attention call asks it
 
 
-def attend(layer, query, key, value, mask, causal_only: bool, training, return_scores: bool):
+def attend(
+    layer, group_and_scale, query, key, value, mask, causal_only: bool, training, return_scores
+):
     """Dot-product attention of `(batch, steps, heads, dim)` heads, Keras's way.
 
     Key/value heads are repeated for the query groups here, after the rotation (and
     after the cache). Without scores or active dropout this is Keras's
     `ops.dot_product_attention` (the backend's fused attention, flash when enabled);
     otherwise the explicit product and the base layer's masked softmax. `layer` is the
-    `RotaryAttention` calling (its head counts, scale and dropout, and its Keras base's
-    parts); returns `(output, scores or None)`.
+    `RotaryAttention` calling (its dropout and its Keras base's parts), `group_and_scale`
+    its query heads per key/value head and its scale; returns `(output, scores or None)`.
     """
-    query_heads, kv_heads, _, _ = layer._head_counts()
-    if query_heads != kv_heads:
-        key = ops.repeat(key, query_heads // kv_heads, axis=2)
-        value = ops.repeat(value, query_heads // kv_heads, axis=2)
+    group, scale = group_and_scale
+    if group != 1:
+        key = ops.repeat(key, group, axis=2)
+        value = ops.repeat(value, group, axis=2)
     flash_attention = private.attention_part(layer, "flash_attention")
     if flash_attention and return_scores:
         raise ValueError(
@@ -55,18 +57,60 @@ def attend(layer, query, key, value, mask, causal_only: bool, training, return_s
             key,
             value,
             mask=mask,
-            scale=layer._scale(),
+            scale=scale,
             flash_attention=flash_attention,
         )
         return output, None
     if causal_only:
         mask = private.causal_mask(layer, query, value)
-    query = ops.multiply(query, ops.cast(layer._scale(), query.dtype))
+    query = ops.multiply(query, ops.cast(scale, query.dtype))
     scores = ops.einsum("btnh,bsnh->bnts", query, key)
     scores = private.masked_softmax(layer, scores, mask)
     dropout_layer = private.attention_part(layer, "dropout_layer")
     dropped = dropout_layer(scores, training=training) if dropout else scores
     return ops.einsum("bnts,bsnh->btnh", dropped, value), scores
+
+
+def mask_without_cache(
+    layer, window_and_chunk, query, value, masks: dict, attention_mask, use_causal_mask, starts
+):
+    """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
+    or none when the causal mask alone applies (`attend` then makes it itself).
+
+    `layer` is the `RotaryAttention` calling (its Keras base makes the mask),
+    `window_and_chunk` its sliding window and attention chunk (each None for none). Chunks
+    count from the index of each token in the sequence, `starts` (the first query's and the
+    first key's) on: the index, as for the temperature, not the positions (Llama 4's
+    `cache_position`).
+    """
+    window, chunk_size = window_and_chunk
+    causal_only = (
+        use_causal_mask
+        and all(mask is None for mask in masks.values())
+        and attention_mask is None
+        and window is None
+        and chunk_size is None
+    )
+    if not causal_only:
+        attention_mask = private.attention_mask(
+            layer,
+            query,
+            value,
+            **masks,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+        )
+        key_padding = masks["key_mask"] if masks["key_mask"] is not None else masks["value_mask"]
+        if key_padding is None and query is value:  # self-attention: the queries' padding
+            key_padding = masks["query_mask"]
+        attention_mask = within_chunks(
+            attention_mask,
+            chunk_size,
+            (tricks().run_time_size(query, 1), tricks().run_time_size(value, 1)),
+            starts,
+            (masks["query_mask"], key_padding),
+        )
+    return attention_mask, causal_only
 
 
 def tempered(queries, temperature, first_index):

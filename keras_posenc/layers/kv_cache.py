@@ -326,3 +326,33 @@ def visible_slots(sizes, causal: bool, limits, masks):
     if attention_mask is not None:
         visible = visible & ops.cast(attention_mask, "bool")
     return visible
+
+
+def checked_cache_step(cache_at, kv_head_dims, query_heads, key_heads, attention_mask):
+    """A cached call's cache, masks and sizes, checked: `(cache, cache_mask, attention_mask,
+    (index, steps, new, max_length), valid)`.
+
+    `cache_at` is `(cache, cache_update_index, cache_mask)`, `kv_head_dims` the layer's
+    key/value heads, key and value sizes; `valid` is None, or where the traced checks hold
+    (their rows become NaN).
+    """
+    cache, cache_update_index, cache_mask = cache_at
+    cache, max_length = checked_cache(cache, *kv_head_dims)
+    if cache_update_index is None:
+        raise ValueError(
+            "A cache needs cache_update_index: the slot of the first new token (the "
+            "number of tokens already in the cache; 0 for the prefill)."
+        )
+    index = checked_update_index(cache_update_index)
+    steps, new = static_size(query_heads, 1), static_size(key_heads, 1)
+
+    valid = checked_slots(index, new, max_length)
+    cache_mask = checked_cache_mask(cache_mask, max_length)
+    same_batch = checked_batches(cache, query_heads, cache_mask)
+    attention_mask, mask_fits = checked_attention_mask(
+        attention_mask, query_heads, steps, max_length
+    )
+    for validity in (same_batch, mask_fits):
+        if validity is not None:
+            valid = validity if valid is None else valid & validity
+    return cache, cache_mask, attention_mask, (index, steps, new, max_length), valid

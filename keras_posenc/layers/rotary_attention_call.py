@@ -17,18 +17,12 @@ import numpy as np
 from keras import ops
 
 from keras_posenc.backend import keras_private as private
-from keras_posenc.layers.attend import attend, tempered, tricks, within_chunks
+from keras_posenc.layers.attend import attend, mask_without_cache, tempered, tricks
 from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
 from keras_posenc.layers.kv_cache import (
-    checked_attention_mask,
-    checked_batches,
-    checked_cache,
     checked_cache_call,
-    checked_cache_mask,
-    checked_slots,
-    checked_update_index,
+    checked_cache_step,
     columns,
-    static_size,
     visible_slots,
     written,
 )
@@ -191,7 +185,9 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
             query_at, key_at = self._positions_without_cache(masks, key_given, query_at, key_at)
             heads[:2] = self._rotate_queries_and_keys(*heads[:2], key is query, query_at, key_at)
             heads[0] = tempered(heads[0], self.query_temperature, query_start_index)
-            attention_mask, causal_only = self._mask_without_cache(
+            attention_mask, causal_only = mask_without_cache(
+                self,
+                (self._window(), self.attention_chunk_size),
                 query,
                 value,
                 masks,
@@ -212,8 +208,15 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
                 use_causal_mask,
             )
             causal_only = False
+        query_heads, kv_heads, _, _ = self._head_counts()
         output, scores = attend(
-            self, *heads, attention_mask, causal_only, training, return_attention_scores
+            self,
+            (query_heads // kv_heads, self._scale()),
+            *heads,
+            attention_mask,
+            causal_only,
+            training,
+            return_attention_scores,
         )
         output = private.attention_part(self, "output_dense")(
             output if gate is None else ops.multiply(output, gate)
@@ -269,46 +272,6 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         axes = 1 if self.rotary_embedding is None else self.rotary_embedding._axes
         return positions if axes == 1 else ops.stack([positions] * axes, -1)
 
-    def _mask_without_cache(
-        self, query, value, masks: dict, attention_mask, use_causal_mask, start_indices
-    ):
-        """`(attention mask, causal_only)`: the base layer's mask from all the masks given,
-        or none when the causal mask alone applies (`attend` then makes it itself).
-
-        Chunks count from the index of each token in the sequence, `start_indices` (the
-        first query's and the first key's) on: the index, as for the temperature, not the
-        positions (Llama 4's `cache_position`).
-        """
-        causal_only = (
-            use_causal_mask
-            and all(mask is None for mask in masks.values())
-            and attention_mask is None
-            and self._window() is None
-            and self.attention_chunk_size is None
-        )
-        if not causal_only:
-            attention_mask = private.attention_mask(
-                self,
-                query,
-                value,
-                **masks,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-            )
-            key_padding = (
-                masks["key_mask"] if masks["key_mask"] is not None else masks["value_mask"]
-            )
-            if key_padding is None and query is value:  # self-attention: the queries' padding
-                key_padding = masks["query_mask"]
-            attention_mask = within_chunks(
-                attention_mask,
-                self.attention_chunk_size,
-                (tricks().run_time_size(query, 1), tricks().run_time_size(value, 1)),
-                start_indices,
-                (masks["query_mask"], key_padding),
-            )
-        return attention_mask, causal_only
-
     def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):
         """Queries and keys normalized (`query_key_norm`: before RoPE, or after it for the
         `*_after_rope` kinds) and rotated at `(positions, start_index)` `query_at` / `key_at`."""
@@ -353,27 +316,12 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         `cache_at` is `(cache, cache_update_index, cache_mask)`, `heads` the new queries,
         keys and values, `positions` the queries' and the keys' (None: from the index).
         """
-        cache, cache_update_index, cache_mask = cache_at
         query_heads, key_heads, value_heads = heads
         query_positions, key_positions = positions
-        cache, max_length = checked_cache(cache, *self._head_counts()[1:])
-        if cache_update_index is None:
-            raise ValueError(
-                "A cache needs cache_update_index: the slot of the first new token (the "
-                "number of tokens already in the cache; 0 for the prefill)."
-            )
-        index = checked_update_index(cache_update_index)
-        steps, new = static_size(query_heads, 1), static_size(key_heads, 1)
-
-        valid = checked_slots(index, new, max_length)
-        cache_mask = checked_cache_mask(cache_mask, max_length)
-        same_batch = checked_batches(cache, query_heads, cache_mask)
-        attention_mask, mask_fits = checked_attention_mask(
-            attention_mask, query_heads, steps, max_length
+        cache, cache_mask, attention_mask, sizes, valid = checked_cache_step(
+            cache_at, self._head_counts()[1:], query_heads, key_heads, attention_mask
         )
-        for validity in (same_batch, mask_fits):
-            if validity is not None:
-                valid = validity if valid is None else valid & validity
+        index, steps, new, max_length = sizes
         if self.positions_from_mask and cache_mask is not None:
             # A slot's position: the real tokens before it (the query of a decode step too).
             slots = self._on_every_axis(tricks().positions_of_padding(cache_mask))
@@ -406,7 +354,7 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         keys, values = new_cache[:, 0], new_cache[:, 1]
 
         visible = visible_slots(
-            (index, steps, new, max_length),
+            sizes,
             use_causal_mask,
             (self._window(), self.attention_chunk_size),
             (cache_mask, query_mask, attention_mask),
