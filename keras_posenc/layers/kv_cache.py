@@ -356,3 +356,13 @@ def checked_cache_step(cache_at, kv_head_dims, query_heads, key_heads, attention
         if validity is not None:
             valid = validity if valid is None else valid & validity
     return cache, cache_mask, attention_mask, (index, steps, new, max_length), valid
+
+
+def checked_call_without_cache(cache_update_index, cache_mask) -> None:
+    """Refuses a cache's arguments in a call without a cache."""
+    if cache_update_index is not None or cache_mask is not None:
+        raise ValueError(
+            "cache_update_index and cache_mask need a `cache` (batch, 2, max_length, "
+            "num_key_value_heads, head_dim); without one, give positions as "
+            "query_positions / query_start_index."
+        )

@@ -22,6 +22,7 @@ from keras_posenc.layers.host_integers import RefusesHostIntegersPastInt32
 from keras_posenc.layers.kv_cache import (
     checked_cache_call,
     checked_cache_step,
+    checked_call_without_cache,
     columns,
     visible_slots,
     written,
@@ -176,12 +177,7 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         masks = {"query_mask": query_mask, "value_mask": value_mask, "key_mask": key_mask}
         query_at, key_at = (query_positions, query_start_index), (key_positions, key_start_index)
         if cache is None:
-            if cache_update_index is not None or cache_mask is not None:
-                raise ValueError(
-                    "cache_update_index and cache_mask need a `cache` (batch, 2, max_length, "
-                    "num_key_value_heads, head_dim); without one, give positions as "
-                    "query_positions / query_start_index."
-                )
+            checked_call_without_cache(cache_update_index, cache_mask)
             query_at, key_at = self._positions_without_cache(masks, key_given, query_at, key_at)
             heads[:2] = self._rotate_queries_and_keys(*heads[:2], key is query, query_at, key_at)
             heads[0] = tempered(heads[0], self.query_temperature, query_start_index)
@@ -208,10 +204,9 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
                 use_causal_mask,
             )
             causal_only = False
-        query_heads, kv_heads, _, _ = self._head_counts()
         output, scores = attend(
             self,
-            (query_heads // kv_heads, self._scale()),
+            self._group_and_scale(),
             *heads,
             attention_mask,
             causal_only,
@@ -228,6 +223,11 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
         if return_attention_scores:
             return output, scores
         return output
+
+    def _group_and_scale(self) -> tuple[int, float]:
+        """The query heads per key/value head, and the scores' scale (for `attend`)."""
+        query_heads, kv_heads, _, _ = self._head_counts()
+        return query_heads // kv_heads, self._scale()
 
     def _project(self, query, key, value):
         """`(gate or None, query heads, key heads, value heads)`: the base layer's projections."""
