@@ -2,10 +2,9 @@
 
 For a pair `(a, b)` at position `i` with frequency `ω`:
 `(a, b) -> (a·cos(iω) - b·sin(iω), b·cos(iω) + a·sin(iω))`, so `q_i·k_j` depends on `i - j` only.
-Written for the whole vector: `y = x·C + swap(x)·S`, where `swap` exchanges the two
-channels of every pair and the tables hold `C = cos` and `S = ∓sin` (minus on a pair's
-first channel) per channel. Both tables come ready from the shared frequency table, so a
-call is two multiplies, one swap and one add.
+Written for the whole vector: `y = x·C + swap(x)·S`, where `swap` exchanges the two channels of
+every pair and the tables hold `C = cos` and `S = ∓sin` (minus on a pair's first channel) per
+channel. Both come ready from the shared frequency table: two multiplies, one swap and one add.
 """
 
 from __future__ import annotations
@@ -207,6 +206,15 @@ class RotaryEmbedding(RefusesHostIntegersPastInt32, keras.layers.Layer):
         `PositionTable.stored_arrays(bound)`; layers of one configuration share one table.
         """
         return held_tables(getattr(self, "_table", None))
+
+    def held_rows(self):
+        """The rows of its positions (None before `build`), for an export's table audit."""
+        return getattr(self, "_table", None)
+
+    @property
+    def position_axes(self) -> int:
+        """The coordinates of one position (1, or the axes of axial RoPE and M-RoPE), once built."""
+        return self._axes
 
     def call(self, inputs, positions=None, start_index=0, mask=None):
         (outputs,) = self.rotate_together((inputs,), positions, start_index, mask)

@@ -269,7 +269,7 @@ class RotaryAttention(RefusesHostIntegersPastInt32):
     def _on_every_axis(self, positions):
         """`(batch, sequence)` positions of padded text, the same on every axis of a
         multi-axis RoPE (`(batch, sequence, axes)`, as `RotaryEmbedding` takes them)."""
-        axes = 1 if self.rotary_embedding is None else self.rotary_embedding._axes
+        axes = 1 if self.rotary_embedding is None else self.rotary_embedding.position_axes
         return positions if axes == 1 else ops.stack([positions] * axes, -1)
 
     def _rotate_queries_and_keys(self, query_heads, key_heads, same_tokens, query_at, key_at):

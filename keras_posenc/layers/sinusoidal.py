@@ -236,6 +236,10 @@ class SinusoidalPositionalEncoding(RefusesHostIntegersPastInt32, keras.layers.La
         """
         return held_tables(getattr(self, "_table", None))
 
+    def held_rows(self):
+        """The rows of its positions (None before `build`), for an export's table audit."""
+        return getattr(self, "_table", None)
+
     def compute_output_shape(self, input_shape):
         return input_shape
 

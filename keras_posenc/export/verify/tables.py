@@ -60,8 +60,8 @@ def layer_tables(layer) -> list[tuple[str, object]]:
     prefixed `short_` and `long_`; dynamic NTK rows are computed, no table).
     """
     found = [("", table) for table in getattr(layer, "position_tables", tuple)()]
-    # The rows a sinusoidal or rotary layer made (no public name).
-    found += _tables_of(getattr(layer, "_table", None), "")
+    # The rows a sinusoidal or rotary layer made.
+    found += _tables_of(getattr(layer, "held_rows", lambda: None)(), "")
     unique, seen = [], set()
     for prefix, table in found:
         if id(table) not in seen:
