@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.files.lock import exclusive
+from keras_posenc.export.files.lock import exclusive, not_writable
 from keras_posenc.export.files.manifest import (
     MANIFEST,
     foreign_files,
@@ -274,12 +274,7 @@ def _write_in_staging(target: Path, replace_if, kind) -> Iterator[Path]:
             tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         )
     except OSError as error:
-        raise OSError(
-            error.errno,
-            f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
-            "folder you can write to",
-            str(target.parent),
-        ) from error
+        raise not_writable(error, target.parent) from error
     try:
         written = staging / target.name
         yield written

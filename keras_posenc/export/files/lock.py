@@ -31,12 +31,7 @@ def exclusive(target: Path) -> Iterator[None]:
         try:
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
-            raise OSError(
-                error.errno,
-                f"Cannot write into {str(target.parent)!r} ({error.strerror}); choose a "
-                "folder you can write to",
-                str(target.parent),
-            ) from error
+            raise not_writable(error, target.parent) from error
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -60,3 +55,12 @@ def exclusive(target: Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(lock)
         os.close(descriptor)
+
+
+def not_writable(error: OSError, folder: Path) -> OSError:
+    """`error` of writing into `folder`, saying which folder and what to do."""
+    return OSError(
+        error.errno,
+        f"Cannot write into {str(folder)!r} ({error.strerror}); choose a folder you can write to",
+        str(folder),
+    )
