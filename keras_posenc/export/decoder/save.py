@@ -94,57 +94,40 @@ def save_decoder(
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
-    `model` is a step model made as `keras_posenc.decoder_models` makes it, or a keras_hub
-    CausalLM of the families `keras_posenc.keras_hub` reads (docs/keras_hub.md); anything
-    else is refused naming the layer. The files' interfaces: docs/decoding.md (the ONNX file
-    onnxruntime-genai's, the LiteRT file litert-torch's `prefill` / `decode` signatures).
+    `model`: a `keras_posenc.decoder_models` step model or a keras_hub CausalLM (the families
+    of docs/keras_hub.md); anything else is refused, naming the layer. Files: docs/decoding.md.
 
     Example:
 
     ```python
     train, step = keras_posenc.decoder_models(embedding, blocks, norm, head, max_length=1024)
     report = save_decoder(step, "out/decoder", max_length=1024)  # raises if it fails
-    print(report["cases"][1]["runtimes"]["onnxruntime"]["max_abs_error"])
     ```
 
     Args:
-        model: the decode-step model.
-        folder: the folder to write (whole or not at all).
-        max_length: cache slots and RoPE table rows of the export (prompt included): an
-            integer (numpy's too) from 2 to 2^24 (from 9 with `verify`: its 8-token prompt
-            and a step), checked before any work.
-        attention: `"gqa"` (`com.microsoft.GroupQueryAttention`, onnxruntime) or
-            `"standard"` (ONNX operators only for the attention).
-        formats: the files to write and verify, from `"onnx"` (`model.onnx` and
-            `genai_config.json`), `"litert"` (`model.tflite`) and `"litertlm"`
-            (`model.litertlm`, docs/litertlm.md); LiteRT's converter's time: docs/decoding.md.
-        bfloat16: a model in a low-precision dtype (bfloat16, float16, mixed_*; the files
-            are float32): `"float32"` exports a float32 copy (warned), `"error"` refuses; a
-            keras_hub model must be float32 (its reference is keras_hub's own generation).
-        verify: run the verification of `check.py` before the folder is kept.
-        bos_token_id, eos_token_id, pad_token_id: for `genai_config.json`, inside the
-            vocabulary; None: a keras_hub tokenizer's, else 0 (eos: the pad id, with a
-            warning; `special_tokens.py`).
-        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (1 to `max_length - 1`;
-            None: `litertlm_model.DEFAULT_PREFILL_LENGTHS`).
-        external_data: the weights in `model.onnx.data` beside `model.onnx` (onnx's external
-            data, `weights_file.py`): None past 2 GB (what one protobuf holds), or forced.
-        verbose: 1 says each phase on stderr (and layer and case progress), 0 nothing.
+        model, folder: the decode-step model; the folder to write (whole or not at all).
+        max_length: cache slots and RoPE rows (prompt included): an integer from 2 to 2^24
+            (from 9 with `verify`), checked before any work.
+        attention: `"gqa"` (onnxruntime's GroupQueryAttention) or `"standard"` (ONNX ops).
+        formats: from `"onnx"` (`model.onnx`, `genai_config.json`), `"litert"`
+            (`model.tflite`) and `"litertlm"` (`model.litertlm`, docs/litertlm.md).
+        bfloat16: `"float32"` exports a low-precision model as float32 (warned), `"error"`
+            refuses; a keras_hub model must be float32 (its reference is keras_hub's).
+        verify: verify every file against Keras (`check.py`) before the folder is kept.
+        bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
+        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
+        external_data: the weights in `model.onnx.data`; None: past 2 GB.
+        verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
 
     Returns:
-        The verification report (`{}` with `verify=False`), also written as
-        `folder/verification.json`; each case has one result per runtime (`"onnxruntime"`,
-        `"litert"`, and `"onnxruntime-genai"` where installed); `"litertlm"`: LiteRT-LM's text.
+        The verification report (`{}` with `verify=False`), also `folder/verification.json`:
+        per case, one result per runtime (`"onnxruntime"`, `"litert"`, `"onnxruntime-genai"`).
 
     Raises:
-        ExportError: a model or setting the export cannot write exactly (named, before
-            any work: quantized layers, settings the description does not carry;
-            `"litert"` on JAX or PyTorch, where the ONNX folder still exports).
-        TypeError, ValueError: `max_length` is not an integer in its range.
-        VerificationError: the file does not generate as Keras does; the report is
-            left at `failed_report_path(folder)` (not over a file of the user's) and
-            nothing is written at `folder`.
+        ExportError, TypeError, ValueError: what it cannot write, named before any work.
+        VerificationError: a file does not generate as Keras does; its report is left at
+            `failed_report_path(folder)` and nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
     quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
