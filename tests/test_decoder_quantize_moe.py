@@ -134,6 +134,9 @@ def test_qmoe_computes_the_dequantized_experts(bits, level):
     fc1, fc2 = (_definition(model, part, bits, 32) for part in ("fc1", "fc2"))
     stored = dataclasses.replace(moe, gate=fc1[..., ::2], up=fc1[..., 1::2], down=fc2)
     x = np.random.default_rng(3).standard_normal((1, 6, width)).astype(np.float32)
+    gate = np.einsum("tw,ewi->tei", x[0], stored.gate) + moe.gate_bias
+    up = np.einsum("tw,ewi->tei", x[0], stored.up) + moe.up_bias
+    assert (gate > moe.limit).any() and (np.abs(up) > moe.limit).any()  # GPT-OSS's clamps
     expected = moe_reference(x[0], stored, renormalized=True)
     # 4 bits at level 0 compute in float32; 8 bits only with the environment variable.
     assert_within(_run(model, x, float_arithmetic=bits == 8 or level == 4)[0], expected)
