@@ -229,7 +229,7 @@ def _moe_session(write, moe, width: int):
     )
 
 
-def _moe_reference(x: np.ndarray, moe, renormalized: bool) -> Bounded:
+def moe_reference(x: np.ndarray, moe, renormalized: bool) -> Bounded:
     """keras_hub's mixture of experts `(tokens, width)` in float64 with float32's error
     bound, the routing weights as keras_hub writes them (a softmax of the top-k logits)
     or, `renormalized`, as the MoE op does (the top k of a softmax of all, over their
@@ -281,4 +281,4 @@ def test_moe_op_and_dense_experts_are_keras_hubs_formula():
     # same products reassociated, each rounded once, which the bound's margin covers.
     for write, renormalized in ((moe_contrib, True), (moe_onnx, False)):
         (got,) = _moe_session(write, moe, width).run(None, {"x": x})
-        assert_within(got[0], _moe_reference(x[0], moe, renormalized))
+        assert_within(got[0], moe_reference(x[0], moe, renormalized))

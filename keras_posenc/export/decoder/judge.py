@@ -83,9 +83,13 @@ def follow(run, expected, prompts: np.ndarray, mask: np.ndarray, steps: int, rel
     return (tokens, logits), ties
 
 
-def router_releases(router, mask: np.ndarray, steps: int) -> tuple[np.ndarray, list[dict]]:
+def router_releases(
+    router, mask: np.ndarray, steps: int, rtol: float = RTOL
+) -> tuple[np.ndarray, list[dict]]:
     """`(released (batch,), ties)`: each row's first position whose router is tied within
-    rounding (`exact.exact_greedy`'s `(gap, scale)`, greedy layout), `inf` where none."""
+    rounding (`exact.exact_greedy`'s `(gap, scale)`, greedy layout: a gap within `TIE ·
+    (ATOL + rtol · scale)`), `inf` where none. `rtol` larger than float32's: a quantized
+    file's int8 activations (`quantized_routers.py`)."""
     gaps, scales = router
     at = positions(mask, steps)
     released = np.full(len(mask), np.inf)
@@ -95,7 +99,7 @@ def router_releases(router, mask: np.ndarray, steps: int) -> tuple[np.ndarray, l
         for step in range(steps + 1):
             where = np.atleast_1d(at[step][row])
             gap = np.atleast_1d(gaps[step][row])
-            allowed = TIE * (ATOL + RTOL * np.atleast_1d(scales[step][row]))
+            allowed = TIE * (ATOL + rtol * np.atleast_1d(scales[step][row]))
             for i in np.nonzero((gap <= allowed) & (where >= 0))[0]:
                 found.append((int(where[i]), step, float(gap[i]), float(allowed[i])))
         if found:

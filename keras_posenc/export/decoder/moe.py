@@ -23,6 +23,10 @@ it both give `g · sigmoid(alpha · g) = -0` in float32 (the sigmoid underflows)
 at `g = -inf` (keras_hub -0; the op, by its formula, NaN). Ties among router logits may
 pick different experts (the op prefers the higher index, `TopK` the lower); random
 weights have none.
+
+Where the graph is quantized (`save_decoder(quantize=...)`) the experts are one
+`com.microsoft.QMoE` instead (`_qmoe`, the same attributes, the router a float32 MatMul):
+the genai builder's op for GPT-OSS at `-p int4` / `int8`, over `quantize.py`'s blocks.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Moe
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.quantize import Quantized, quantize
+from keras_posenc.export.errors import ExportError
 
 # keras_hub's lower clamp of the gate (`ops.clip(gate, -1e9, limit)`).
 GATE_FLOOR = -1e9
@@ -112,9 +118,8 @@ def interleaved(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
 
 
-def moe_contrib(g: GraphBuilder, i: int, hidden: str, moe: Moe) -> str:
-    """The MoE's output `(batch, sequence, width)` of `hidden` as one `com.microsoft.MoE`."""
-    name = f"layers.{i}.moe"
+def _router_logits(g: GraphBuilder, hidden: str, moe: Moe, name: str) -> str:
+    """`(tokens, experts)`: the router's float32 MatMul and bias (quantized files too)."""
     logits = g.node(
         "Add",
         [
@@ -122,10 +127,32 @@ def moe_contrib(g: GraphBuilder, i: int, hidden: str, moe: Moe) -> str:
             g.initializer(f"{name}.router.bias", moe.router_bias),
         ],
     )
-    logits = g.node("Reshape", [logits, g.constant([-1, moe.experts], np.int64)])
+    return g.node("Reshape", [logits, g.constant([-1, moe.experts], np.int64)])
+
+
+def _swiglu_attributes(moe: Moe) -> dict:
+    """The attributes MoE and QMoE share: routing and keras_hub's clipped SwiGLU."""
+    limit = {} if np.isinf(moe.limit) else {"swiglu_limit": moe.limit}
+    return dict(
+        k=moe.top_k,
+        activation_type="swiglu",
+        swiglu_fusion=1,
+        activation_alpha=moe.alpha,
+        activation_beta=1.0,
+        normalize_routing_weights=1,
+        **limit,
+    )
+
+
+def moe_contrib(g: GraphBuilder, i: int, hidden: str, moe: Moe) -> str:
+    """The MoE's output `(batch, sequence, width)` of `hidden` as one `com.microsoft.MoE`,
+    or where the graph is quantized (`g.quantization`) one `com.microsoft.QMoE`."""
+    name = f"layers.{i}.moe"
+    logits = _router_logits(g, hidden, moe, name)
+    if getattr(g, "quantization", None) is not None:
+        return _qmoe(g, i, hidden, logits, moe)
     # The kernels as (experts, out, in): the op multiplies by their transposes.
     fc1 = interleaved(moe.gate, moe.up).transpose(0, 2, 1)
-    limit = {} if np.isinf(moe.limit) else {"swiglu_limit": moe.limit}
     return g.node(
         "MoE",
         [
@@ -137,11 +164,79 @@ def moe_contrib(g: GraphBuilder, i: int, hidden: str, moe: Moe) -> str:
             g.initializer(f"{name}.fc2.bias", moe.down_bias),
         ],
         domain=MICROSOFT,
-        k=moe.top_k,
-        activation_type="swiglu",
-        swiglu_fusion=1,
-        activation_alpha=moe.alpha,
-        activation_beta=1.0,
-        normalize_routing_weights=1,
-        **limit,
+        **_swiglu_attributes(moe),
+    )
+
+
+# --- quantized experts (QMoE) -------------------------------------------------------------
+#
+# QMoE stores each expert's `(K, N)` kernel as MatMulNBits does (`quantize.py`: blocks of
+# `block_size` along K, symmetric, the lower K index in the low nibble), by expert: weights
+# uint8 `(experts, N, K * bits / 8)`, scales `(experts, N, K / block_size)`. The experts'
+# kernels are quantized as one `(experts * K, N)` matrix (`expert_kernels`): K a multiple of
+# `block_size` (`refuse_unblockable_experts`), no block straddles two experts, so its blocks
+# are each expert's own and `quantized_check` finds keras_hub's `(experts, K, N)` variables
+# by the same matrix.
+
+
+def expert_kernels(i: int, moe: Moe) -> list[tuple[str, np.ndarray]]:
+    """`[(name, kernel (experts * K, N))]`: the fused gate/up (keras_hub's interleaved
+    `gate_up_proj`, `(experts * width, 2 * intermediate)`) and the down projection
+    (`(experts * intermediate, width)`), the two weights QMoE quantizes."""
+    experts, width, _ = moe.gate.shape
+    fc1 = interleaved(moe.gate, moe.up).reshape(experts * width, -1)
+    return [(f"layers.{i}.moe.fc1", fc1), (f"layers.{i}.moe.fc2", moe.down.reshape(-1, width))]
+
+
+def refuse_unblockable_experts(decoder, block_size: int) -> None:
+    """Raises ExportError where an expert's K (the width for gate/up, the intermediate
+    size for down) is not a whole number of blocks, which QMoE needs."""
+    for i, block in enumerate(decoder.blocks):
+        if block.mlp.kind != "moe":
+            continue
+        experts, width, intermediate = block.mlp.gate.shape
+        for part, k in (("fc1 (gate/up)", width), ("fc2 (down)", intermediate)):
+            if k % block_size:
+                raise ExportError(
+                    f"layers.{i}.moe {part}: an expert's input width K={k} is not a multiple "
+                    f"of block_size={block_size}, which QMoE needs; pick a block_size (a "
+                    "power of 2 >= 16) that divides it."
+                )
+
+
+def by_expert(stored: Quantized, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """QMoE's `(weights (experts, N, K * bits / 8), scales (experts, N, K / block))` of
+    `stored`, the `(experts * K, N)` matrix of `expert_kernels` quantized."""
+    n, blocks, blob = stored.packed.shape
+    packed = stored.packed.reshape(n, experts, blocks // experts, blob).transpose(1, 0, 2, 3)
+    scales = stored.scales.reshape(n, experts, blocks // experts).transpose(1, 0, 2)
+    return (
+        np.ascontiguousarray(packed.reshape(experts, n, -1)),
+        np.ascontiguousarray(scales),
+    )
+
+
+def _qmoe(g: GraphBuilder, i: int, hidden: str, logits: str, moe: Moe) -> str:
+    """One `com.microsoft.QMoE` over `expert_kernels` quantized as `g.quantization` says.
+    onnxruntime 1.32's CPU kernel computes 4-bit experts in float32 at accuracy_level 0/1
+    and with int8 activations (per block of `block_size` along K) at 4; 8-bit experts with
+    int8 activations at every level (docs/quantization.md)."""
+    q = g.quantization
+    biases = (interleaved(moe.gate_bias, moe.up_bias), moe.down_bias)
+    inputs = [hidden, logits]
+    for (part, kernel), bias in zip(expert_kernels(i, moe), biases, strict=True):
+        weights, scales = by_expert(quantize(kernel, q.bits, q.block_size), moe.experts)
+        inputs += [
+            g.initializer(f"{part}.qweight", weights),
+            g.initializer(f"{part}.scales", scales),
+            g.initializer(f"{part}.bias", bias),
+        ]
+    return g.node(
+        "QMoE",
+        inputs,
+        domain=MICROSOFT,
+        expert_weight_bits=q.bits,
+        block_size=q.block_size,
+        accuracy_level=q.accuracy_level,
+        **_swiglu_attributes(moe),
     )

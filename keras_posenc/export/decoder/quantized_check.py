@@ -24,7 +24,7 @@ import contextlib
 import keras
 import numpy as np
 
-from keras_posenc.export.decoder.logit_tolerance import row_scale
+from keras_posenc.export.decoder.logit_tolerance import compared, row_scale
 from keras_posenc.export.decoder.quantize import round_trip
 from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.errors import ExportError
@@ -119,41 +119,51 @@ def activation_bound(logits: np.ndarray, quantized_matmuls: int, block_size: int
     its RMS); the `quantized_matmuls` on the longest path add (the norms rescale each
     branch), and a logit may sit `TAIL` deviations out."""
     logits = np.asarray(logits, np.float64)
-    relative = TAIL * quantized_matmuls * np.sqrt(block_size) / (127 * np.sqrt(12))
+    relative = activation_relative(quantized_matmuls, block_size)
     return (relative + 1e-4) * row_scale(logits) + 1e-5
+
+
+def activation_relative(quantized_matmuls: int, block_size: int) -> float:
+    """`activation_bound`'s part relative to the row's RMS, without float32's."""
+    return float(TAIL * quantized_matmuls * np.sqrt(block_size) / (127 * np.sqrt(12)))
 
 
 def _where(mask: np.ndarray, step: int, rows, index: int) -> dict:
     """`{"step", "row", "position"}` of the `index`-th compared logit row of `step`."""
+    row = int(rows[0][index])
     if step == 0:
-        row, column = int(rows[0][index]), int(rows[1][index])
-        position = int(np.cumsum(mask[row])[column]) - 1
+        position = int(np.cumsum(mask[row])[int(rows[1][index])]) - 1
     else:
-        row = index
         position = int(mask[row].sum()) + step - 1
     return {"step": step, "row": row, "position": position}
 
 
 def compare_with_bound(
-    expected, got, mask: np.ndarray, quantized_matmuls: int, block_size: int
+    expected, got, mask: np.ndarray, quantized_matmuls: int, block_size: int, released=None
 ) -> dict:
     """Tokens and logits of a file with int8 activations against the reference (module
-    docstring), in `check.compare_greedy`'s form."""
+    docstring), in `check.compare_greedy`'s form; `released` `(batch,)`: the position
+    from which each row is not compared (a router tie, `quantized_routers.py`)."""
     ref_tokens, ref_logits = expected
     tokens, logits = got
-    differ = np.argwhere(ref_tokens != tokens)
+    selected = compared(mask, ref_tokens.shape[1] - 1, released)
+    token_rows = np.stack([selected[0][:, -1], *selected[1:]], axis=1)
+    differ = np.argwhere((ref_tokens != tokens) & token_rows)
     last = int(differ[:, 1].min()) if len(differ) else ref_tokens.shape[1] - 1
-    worst, max_abs, failed_token, used = None, 0.0, None, 0.0
+    worst = (-np.inf, {"step": 0, "row": 0, "position": 0})
+    max_abs, failed_token, used = 0.0, None, 0.0
     for step in range(last + 1):
-        rows = np.nonzero(mask.astype(bool)) if step == 0 else None
-        ref = np.asarray(ref_logits[step][rows] if step == 0 else ref_logits[step], np.float64)
-        out = np.asarray(logits[step][rows] if step == 0 else logits[step], np.float64)
+        rows = np.nonzero(selected[step])
+        if not rows[0].size:
+            continue
+        ref = np.asarray(ref_logits[step][rows], np.float64)
+        out = np.asarray(logits[step][rows], np.float64)
         bound = activation_bound(ref, quantized_matmuls, block_size)
         error = np.abs(out - ref)
         error = np.where(np.isnan(error), np.inf, error)
         max_abs = max(max_abs, float(error.max()))
         excess = (error - bound).max(axis=-1)
-        if worst is None or excess.max() > worst[0]:
+        if excess.max() > worst[0]:
             worst = (float(excess.max()), _where(mask, step, rows, int(np.argmax(excess))))
         used = max(used, float((error / bound).max()))
         top2 = np.sort(ref, axis=-1)[..., -2:]
@@ -192,7 +202,7 @@ def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
 
 def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequantized) -> dict:
     """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
-    `judge(name, expected, got, mask)` against `greedy_of(model)` run inside `dequantized` (the
+    `judge(name, expected, got, case)` against `greedy_of(model)` run inside `dequantized` (the
     context of `dequantized_weights`), with `float_agreement` against the float32 model's
     prompt logits beside it."""
     float_greedy = greedy_of(model)
@@ -207,7 +217,7 @@ def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequa
             cases, expected, float_logits, results, strict=True
         ):
             got = run(case["prompts"], case["mask"], case["steps"])
-            found[name] = judge(name, want, got, case["mask"])
+            found[name] = judge(name, want, got, case)
             found[name]["against_float32"] = float_agreement(float_prompt, got[1][0], case["mask"])
     report = {"cases": []}
     for case, found in zip(cases, results, strict=True):

@@ -4,7 +4,8 @@ Every projection (the packed or separate q/k/v, the attention output, the MLP's 
 and down, the head) is one `com.microsoft.MatMulNBits` over `quantize.py`'s blocks
 (symmetric: no zero points). A tied embedding (the head's kernel is the table transposed)
 is `GatherBlockQuantized` over the head's packed weights reshaped to `(vocabulary,
-K * bits / 8)`; an untied one stays a float32 `Gather`. Weights outside that list (Gemma
+K * bits / 8)`; an untied one stays a float32 `Gather`. A mixture of experts' experts are one
+`com.microsoft.QMoE` (`moe.py`; its router stays float32). Weights outside that list (Gemma
 4's per-layer gate and projection) stay float32 MatMuls.
 """
 
@@ -15,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.moe import expert_kernels, refuse_unblockable_experts
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
 from keras_posenc.export.errors import ExportError
 
@@ -75,6 +77,9 @@ def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
         for part, kernel in (("q", a.query), ("k", a.key), ("v", a.value), ("o", a.output)):
             if kernel.shape[1]:  # a KV-sharing layer's key and value are (width, 0)
                 kernels.append((f"layers.{i}.attn.{part}_proj", kernel))
+        if block.mlp.kind == "moe":  # QMoE's two `(experts * K, N)` kernels (`moe.py`)
+            kernels.extend(expert_kernels(i, block.mlp))
+            continue
         for part in ("gate", "up", "down"):
             kernel = getattr(block.mlp, part)
             if kernel is not None:
@@ -84,15 +89,10 @@ def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
 
 
 def refuse_unquantizable(decoder, quantization: Quantization) -> None:
-    """Refuses, before anything is written, what MatMulNBits cannot take: a K (a kernel's
-    input width) that is not a whole number of blocks, and mixtures of experts (QMoE is
-    not written yet)."""
-    if any(block.mlp.kind == "moe" for block in decoder.blocks):
-        raise ExportError(
-            "quantize with a mixture-of-experts MLP is not yet supported (QMoE is not "
-            "written); export it with quantize=None."
-        )
+    """Refuses, before anything is written, what MatMulNBits and QMoE cannot take: a K (a
+    kernel's input width, an expert's own for QMoE) that is not a whole number of blocks."""
     block = quantization.block_size
+    refuse_unblockable_experts(decoder, block)
     for name, kernel in quantized_kernels(decoder):
         if kernel.shape[0] % block:
             raise ExportError(

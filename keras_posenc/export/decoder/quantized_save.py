@@ -8,34 +8,67 @@ from keras_posenc.export.decoder.check import (
     failure_message,
 )
 from keras_posenc.export.decoder.quantized_check import (
+    activation_relative,
     compare_with_bound,
     dequantized_weights,
     verify_quantized,
 )
 from keras_posenc.export.decoder.quantized_graph import quantized_kernels
+from keras_posenc.export.decoder.quantized_routers import (
+    dequantized_description,
+    quantized_router_releases,
+)
 
 # accuracy_level 0 and 1: MatMulNBits computes in float32 on the dequantized weights.
 FLOAT_LEVELS = (0, 1)
 # The runtime of the file's own bytes with float arithmetic (`float_arithmetic_runtime`).
 FLOAT_RUNTIME = "onnxruntime, accuracy_level 0"
+# onnxruntime 1.32's CPU QMoE computes 8-bit experts with int8 activations at every
+# accuracy_level; this environment variable, read when a session is made, has them
+# dequantized to float32 instead (4-bit experts follow accuracy_level, as MatMulNBits).
+QMOE_FLOAT_ARITHMETIC = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
+
+
+def int8_activations(quantization, moe_layers: int) -> bool:
+    """Whether onnxruntime rounds some quantized op's input to int8: every one at
+    accuracy_level 2-4, and 8-bit QMoE experts (`moe_layers` of them) at every level."""
+    if quantization is None:
+        return False
+    return quantization.accuracy_level not in FLOAT_LEVELS or (
+        quantization.bits == 8 and moe_layers > 0
+    )
 
 
 def float_arithmetic_runtime(path, max_length: int, quantization, slot=None) -> dict:
-    """`{FLOAT_RUNTIME: greedy}` for a file with int8 activations (accuracy_level 2-4):
-    the same file, every MatMulNBits set to accuracy_level 0, in memory. Its weights are
-    then judged to float32 tolerance: a wrong scale, block, nibble or zero point cannot
-    hide in the int8-activation bound. `{}` for a float-arithmetic file. The session opens
-    at the first call, through `slot` (an `on_demand.OneAtATime`) where given."""
+    """`{FLOAT_RUNTIME: greedy}` for a file with int8 activations (`int8_activations`):
+    the same file, every MatMulNBits and QMoE set to accuracy_level 0 (8-bit QMoE through
+    `QMOE_FLOAT_ARITHMETIC`), in memory. Its weights are then judged to float32 tolerance:
+    a wrong scale, block, nibble or zero point cannot hide in the int8-activation bound.
+    `{}` for a float-arithmetic file. The session opens at the first call, through `slot`
+    (an `on_demand.OneAtATime`) where given."""
     from keras_posenc.export.decoder.on_demand import OneAtATime
 
-    if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
+    if not int8_activations(quantization, _int8_experts(path, quantization)):
         return {}
     slot = OneAtATime() if slot is None else slot
     return {FLOAT_RUNTIME: slot.runtime(FLOAT_RUNTIME, lambda: _float_arithmetic(path, max_length))}
 
 
+def _int8_experts(path, quantization) -> int:
+    """The QMoE nodes of the file at `path` where they are 8-bit (int8 activations at
+    every level), read without the weights; 0 where that cannot matter."""
+    if quantization is None or quantization.bits != 8:
+        return 0
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    return sum(node.op_type == "QMoE" for node in graph.node)
+
+
 def _float_arithmetic(path, max_length: int):
     """The greedy function of `float_arithmetic_runtime`'s session."""
+    import os
+
     import onnx
     import onnxruntime
 
@@ -43,13 +76,22 @@ def _float_arithmetic(path, max_length: int):
 
     model = onnx.load(path)
     for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
+        if node.op_type in ("MatMulNBits", "QMoE"):
             for attribute in node.attribute:
                 if attribute.name == "accuracy_level":
                     attribute.i = 0
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    variable, value = QMOE_FLOAT_ARITHMETIC
+    before = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+    finally:
+        if before is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = before
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
@@ -71,13 +113,32 @@ def verify_quantized_decoder(
     source = on_demand(source)
     decoder = source.describe()
     layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
-    chain = 2 * layers + 1  # each layer's attention and MLP, then the head
-    bounded = quantization.accuracy_level not in FLOAT_LEVELS
+    experts = sum(block.mlp.kind == "moe" for block in decoder.blocks)
+    bounded = int8_activations(quantization, experts)
+    if quantization.accuracy_level not in FLOAT_LEVELS:
+        chain = 2 * layers + 1  # each layer's attention and MLP, then the head
+    else:
+        chain = experts  # 8-bit QMoE alone: each mixture's branch
 
-    def judge(name, expected, got, mask):
-        if bounded and name != FLOAT_RUNTIME:
-            return compare_with_bound(expected, got, mask, chain, quantization.block_size)
-        return compare_greedy(expected, got, mask)
+    relative = activation_relative(chain, quantization.block_size) if bounded else 0.0
+    # A mixture of experts' router ties, judged in the file's weights (quantized_routers.py).
+    routers = dequantized_description(decoder, quantization) if experts else None
+    releases = {}  # case name -> quantized_router_releases
+
+    def judge(name, expected, got, case):
+        kind = "bound" if bounded and name != FLOAT_RUNTIME else "float"
+        released = None
+        if routers is not None:
+            if case["name"] not in releases:
+                releases[case["name"]] = quantized_router_releases(
+                    routers, case, expected[0], relative
+                )
+            released = releases[case["name"]][kind][0]
+        if kind == "bound":
+            return compare_with_bound(
+                expected, got, case["mask"], chain, quantization.block_size, released
+            )
+        return compare_greedy(expected, got, case["mask"], released)
 
     cases = decoder_cases(source.vocabulary, length, window=source.window)
     name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
@@ -86,6 +147,12 @@ def verify_quantized_decoder(
     decoder = None  # the context holds it until it has made the reference's weights
     report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
     report["passed"] = failure_message(report) is None
+    report["ties"] = [
+        {"case": case, "judged": kind, **tie}
+        for case, both in releases.items()
+        for kind, (_, ties) in both.items()
+        for tie in ties
+    ]
     report["quantization"] = {
         "bits": quantization.bits,
         "block_size": quantization.block_size,
