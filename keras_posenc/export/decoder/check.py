@@ -259,8 +259,11 @@ def _judge_logits(cases, expected, exacts, releases, results, failed: dict) -> N
     for index in sorted(failed):
         runs = failed.pop(index)
         case, names = cases[index], ", ".join(name for name, _ in runs)
+        progress.say(
+            f"judging case {index + 1} of {len(cases)}: the logits of {names} are past the "
+            "tolerance from the reference's; held to a float64 decode"
+        )
         exact = exacts[index]()[0]  # the description made again, said by `_exact`
-        progress.phase(f"the float64 decode of case {index + 1} of {len(cases)} judges {names}")
         released = None if releases[index] is None else releases[index][0]
         while runs:
             name, got = runs.pop()
@@ -377,9 +380,9 @@ def _exact(source, case: dict, expected, case_name: str):
         if not cached:
             if not source.moe:  # (a mixture of experts' was made once, and said)
                 progress.phase(f"describing the model again for the float64 judge of {case_name}")
-            cached.append(
-                exact_greedy(source.describe(), case["prompts"], case["mask"], expected[0])
-            )
+            decoder = source.describe()
+            progress.phase(f"the float64 decode of {case_name}")
+            cached.append(exact_greedy(decoder, case["prompts"], case["mask"], expected[0]))
         return cached[0]
 
     return exact
