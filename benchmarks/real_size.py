@@ -9,8 +9,10 @@ one folder:
   (`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`);
 - keras_hub's `Llama3Backbone.from_preset(folder)` loads it (keras_hub's transformers
   converter) into a `Llama3CausalLM`, which `save_decoder` exports and verifies; the
-  peak resident memory (`VmHWM`, reset at each phase through `/proc/self/clear_refs`) and
-  the time of each phase are recorded, above the process's memory before the call;
+  peak resident memory (`VmHWM`, reset at each line `save_decoder` says through
+  `/proc/self/clear_refs`) and the time of each phase (describe, write, verify: the
+  reference, each runtime, the float64 judge: `line_memory.py`) are recorded, above the
+  process's memory before the call;
 - `og.Generator` generates from the exported folder, compared with keras_hub's greedy
   tokens;
 - one decode step at batch 1, positions ~100 and ~900, of both folders in onnxruntime
@@ -41,6 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.line_memory import LineMemory
 
 ROPE_SCALING = {
     "rope_type": "llama3",
@@ -131,30 +135,6 @@ def builder_folder(hf: Path, out: Path) -> dict:
     return {"builder_s": time.perf_counter() - start, "builder_peak_bytes": children}
 
 
-def _phase_profile():
-    """Wraps `Progress.phase` so that each phase's peak memory and time are recorded."""
-    from keras_posenc.export.decoder import progress
-
-    phases, real = [], progress.Progress.phase
-
-    def phase(self, name):
-        now = time.perf_counter()
-        if phases:
-            phases[-1].update(peak=_status("VmHWM"), seconds=now - phases[-1]["start"])
-            print(
-                f"real_size: {phases[-1]['phase']}: {phases[-1]['seconds']:.1f} s, process "
-                f"peak {phases[-1]['peak'] / 2**30:.2f} GiB",
-                file=sys.stderr,
-                flush=True,
-            )
-        phases.append({"phase": name, "start": now})
-        _reset_peak()
-        return real(self, name)
-
-    progress.Progress.phase = phase
-    return phases
-
-
 def _time_reference() -> list[float]:
     """Times the verification's reference (keras_hub's greedy generation), in a list."""
     from keras_posenc import keras_hub as bridge
@@ -192,17 +172,11 @@ def export(hf: Path, out: Path) -> dict:
     causal_lm = keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=None)
     load_s = time.perf_counter() - start
     weights = sum(int(np.prod(w.shape)) for w in backbone.weights) * 4
-    phases = _phase_profile()
     reference_seconds = _time_reference()
-    _reset_peak()
-    before = _status("VmRSS")
     start = time.perf_counter()
-    report = save_decoder(causal_lm, out, max_length=MAX_LENGTH)
+    with LineMemory() as lines:  # each line's and phase's peak (line_memory.py)
+        report = save_decoder(causal_lm, out, max_length=MAX_LENGTH)
     total_s = time.perf_counter() - start
-    phases[-1].update(peak=_status("VmHWM"), seconds=time.perf_counter() - phases[-1]["start"])
-    for phase in phases:
-        phase["peak_over_weights"] = (phase.pop("peak") - before) / weights
-        del phase["start"]
     # og.Generator on the folder, against keras_hub's own greedy tokens.
     rng = np.random.default_rng(1)
     prompt = rng.integers(3, backbone.vocabulary_size, (1, 8)).astype(np.int64)
@@ -211,10 +185,11 @@ def export(hf: Path, out: Path) -> dict:
     reference_s = time.perf_counter() - start
     return {
         "weight_bytes": weights,
-        "before_bytes": before,
+        "before_bytes": lines.before,
         "keras_load_s": load_s,
         "save_decoder_s": total_s,
-        "phases": phases,
+        "phases": lines.phases(weights),
+        "lines": lines.lines(weights),
         "passed": bool(report["passed"]),
         "files": {p.name: p.stat().st_size for p in Path(out).iterdir()},
         "keras_hub_tokens": [int(t) for t in expected],
@@ -393,6 +368,7 @@ def _step(args) -> None:
         result = builder_folder(work / "hf", work / "builder")
     elif args.step == "export":
         result = export(work / "hf", work / "keras_posenc")
+        print(f"{_phase_table(result)}\n\n{_phase_table(result, by_line=True)}", flush=True)
     else:
         folders = work / "keras_posenc", work / "builder"
         result = {"decode": decode(*folders, args.rounds, args.control)}
@@ -421,6 +397,23 @@ def _memory_table() -> dict:
     return {"memory": rows}
 
 
+def _phase_table(export: dict, by_line: bool = False) -> str:
+    """`export`'s phases (or each line `save_decoder` said): seconds, peak / weights."""
+    rows = export["lines" if by_line else "phases"]
+    peak = max(row["peak_over_weights"] for row in rows)
+    lines = [
+        f"| {'what save_decoder says' if by_line else 'phase'} | seconds | peak memory / weights |",
+        "| --- | --- | --- |",
+        *(
+            f"| {row['line' if by_line else 'phase']} | {row['seconds']:.1f} | "
+            f"{row['peak_over_weights']:.2f} |"
+            for row in rows
+        ),
+        f"| save_decoder (all) | {export['save_decoder_s']:.1f} | {peak:.2f} |",
+    ]
+    return "\n".join(lines)
+
+
 def _markdown(size: str, results: dict) -> str:
     export, hf, builder = results["export"], results["hf"], results["builder"]
     files = export["files"]
@@ -431,14 +424,7 @@ def _markdown(size: str, results: dict) -> str:
         f"{files.get('model.onnx.data', 0):,} bytes; verification passed: {export['passed']}; "
         f"og tokens equal to keras_hub's: {export['og_tokens'] == export['keras_hub_tokens']}.",
         "",
-        "| phase | seconds | peak memory / weights |",
-        "| --- | --- | --- |",
-        *(
-            f"| {p['phase']} | {p['seconds']:.1f} | {p['peak_over_weights']:.2f} |"
-            for p in export["phases"]
-        ),
-        f"| save_decoder (all) | {export['save_decoder_s']:.1f} | "
-        f"{max(p['peak_over_weights'] for p in export['phases']):.2f} |",
+        _phase_table(export),
         "",
         f"Of the verification, keras_hub's greedy reference: "
         f"{export['verify_keras_reference_s']:.1f} s.",

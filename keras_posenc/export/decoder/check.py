@@ -24,10 +24,14 @@ from the float64 decode where it was run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from keras_posenc.export.decoder import progress
 from keras_posenc.export.decoder.logit_tolerance import (
     ATOL,
+    BLOCK_LOGITS,
     RTOL,
     TIE,
     bound,
@@ -36,9 +40,6 @@ from keras_posenc.export.decoder.logit_tolerance import (
     positions,
 )
 
-# Logits compared at a time: their float64 errors are ~6 copies of them (a prompt of 256
-# rows of a vocabulary of 128256 would be 1.6 GB at once).
-BLOCK_LOGITS = 2**20
 PROMPT, STEPS = 8, 64
 PADS = (0, 1, 2, 3)
 # The long case: batch 2 (one row padded by 3), LONG_STEPS single tokens after a prompt
@@ -104,6 +105,19 @@ def _errors(expected: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return absolute, relative, absolute - bound(expected)
 
 
+def _different_argmax(expected, got, index: tuple, skip: np.ndarray) -> np.ndarray:
+    """The numbers `i` of the rows `index` (a tuple of index arrays into `expected` and
+    `got`, logits on the last axis) whose argmax differs, but where `skip[i]`; a block of
+    rows at a time."""
+    block = max(1, BLOCK_LOGITS // expected.shape[-1])
+    found = [np.zeros(0, np.int64)]
+    for i in range(0, len(index[0]), block):
+        part = tuple(axis[i : i + block] for axis in index)
+        differ = np.argmax(expected[part], -1) != np.argmax(got[part], -1)
+        found.append(i + np.nonzero(differ & ~skip[i : i + block])[0])
+    return np.concatenate(found)
+
+
 def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
     """Tokens and logits of one runtime against the reference's (`greedy_generation.keras_greedy`'s
     layout).
@@ -128,27 +142,27 @@ def compare_greedy(expected, got, mask: np.ndarray, released=None) -> dict:
     max_abs = max_rel = 0.0
     argmax, ties = None, []
     for step in range(last + 1):
+        # (rows, columns) of the prompt's compared logits, (rows,) of a step's: read a
+        # block at a time, never copied whole (1024 rows of 128256 logits are 0.5 GB).
+        index = np.nonzero(selected[step])
+        want, have = keras_logits[step], logits[step]
+        row_of, where = index[0], at[step][index]
         if step == 0:
-            rows = np.nonzero(selected[0])
-            want, have, where = keras_logits[0][rows], logits[0][rows], at[0][rows]
-            row_of = rows[0]
             # Every prompt row's argmax, but the last column's: that is step 0's token.
-            last_column = rows[1] == mask.shape[1] - 1
-            (wrong,) = np.nonzero((np.argmax(want, -1) != np.argmax(have, -1)) & ~last_column)
-            gaps, allowed = margin(want[wrong]), TIE * bound(want[wrong])[..., 0]
+            wrong = _different_argmax(want, have, index, index[1] == mask.shape[1] - 1)
+            picked = tuple(axis[wrong] for axis in index)
+            gaps, allowed = margin(want[picked]), TIE * bound(want[picked])[..., 0]
             for i, gap, limit in zip(wrong, gaps, allowed, strict=True):
                 where_i = {"row": int(row_of[i]), "position": int(where[i]), "margin": float(gap)}
                 if gap > limit:
                     argmax = argmax or where_i
                 else:
                     ties.append({"kind": "argmax", "step": 0, **where_i, "bound": float(limit)})
-        else:
-            (row_of,) = np.nonzero(selected[step])
-            want, have, where = keras_logits[step][row_of], logits[step][row_of], at[step][row_of]
         # In blocks of rows: a long prompt's float64 errors would be 6 copies of its logits.
         block = max(1, BLOCK_LOGITS // want.shape[-1])
         for i in range(0, len(row_of), block):
-            a, r, e = _errors(want[i : i + block], have[i : i + block])
+            part = tuple(axis[i : i + block] for axis in index)
+            a, r, e = _errors(want[part], have[part])
             max_abs, max_rel = max(max_abs, float(a.max())), max(max_rel, float(r.max()))
             j = i + np.unravel_index(np.argmax(e), e.shape)[0]
             if e.max() > worst["excess"]:
@@ -221,10 +235,10 @@ def failure_message(report: dict) -> str | None:
     )
 
 
-def _judged(case: dict, expected, run, exact, released) -> dict:
+def _compared(case: dict, expected, run, released) -> tuple[dict, tuple | None]:
     """One runtime's result in one case: its greedy run along the reference's path
-    (`judge.follow`), compared; where only its logits fail, held to the float64 decode
-    (`judge.against_float64`) when `exact` (a thunk of it) is given."""
+    (`judge.follow`), compared; and the run (`(tokens, logits)`) where only its logits
+    fail, for the float64 judge (`_judge_logits`), else None."""
     from keras_posenc.export.decoder import judge
 
     prompts, mask, steps = case["prompts"], case["mask"], case["steps"]
@@ -232,10 +246,33 @@ def _judged(case: dict, expected, run, exact, released) -> dict:
     result = compare_greedy(expected, got, mask, released)
     result["ties"] = sorted(ties + result["ties"], key=lambda t: (t["step"], t["position"]))
     plain_logits = result["same_tokens"] and "first_different_argmax" not in result
-    if not result["passed"] and plain_logits and exact is not None:
-        result["float64"] = judge.against_float64(expected, got, exact()[0], mask, steps, released)
-        result["passed"] = result["float64"]["passed"]
-    return result
+    return result, (got if not result["passed"] and plain_logits else None)
+
+
+def _judge_logits(cases, expected, exacts, releases, results, failed: dict) -> None:
+    """Holds each run of `failed` (`{case index: [(runtime, (tokens, logits))]}`, popped
+    as judged) to its case's float64 decode (`judge.against_float64`), setting its
+    result's `"float64"` and `"passed"`: each case's decode made once for its runtimes,
+    then let go (`exacts[index]`, a thunk of it, dropped)."""
+    from keras_posenc.export.decoder import judge
+
+    for index in sorted(failed):
+        runs = failed.pop(index)
+        case, names = cases[index], ", ".join(name for name, _ in runs)
+        progress.say(
+            f"judging case {index + 1} of {len(cases)}: the logits of {names} are past the "
+            "tolerance from the reference's; held to a float64 decode"
+        )
+        exact = exacts[index]()[0]  # the description made again, said by `_exact`
+        released = None if releases[index] is None else releases[index][0]
+        while runs:
+            name, got = runs.pop()
+            verdict = judge.against_float64(
+                expected[index], got, exact, case["mask"], case["steps"], released
+            )
+            results[index][name]["float64"] = verdict
+            results[index][name]["passed"] = verdict["passed"]
+        exact = exacts[index] = None
 
 
 def verify_decoder(
@@ -247,6 +284,7 @@ def verify_decoder(
     window: int | None = None,
     decoder=None,
     reference_name: str = "Keras",
+    release: Callable[[], None] | None = None,
 ) -> dict:
     """Runs every case in the reference and in each of `runtimes` (`name -> greedy(prompts,
     mask, steps) -> (tokens, logits)`); returns the report (see `failure_message`).
@@ -259,7 +297,9 @@ def verify_decoder(
     sliding window (`description.widest_window`), adds the case past it; `decoder`, the description
     (or `on_demand.DescriptionOnDemand`: made only where the float64 decode is run),
     enables the float64 decode (`exact.py`) that judges router ties and a reference less
-    exact than the file (`judge.py`).
+    exact than the file (`judge.py`). `release`, called once every runtime has run every
+    case (`on_demand.OneAtATime.close`), closes them before that decode judges the runs
+    whose logits alone failed, so that no runtime's copy of the weights is held beside it.
     """
     from keras_posenc.export.decoder import judge
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
@@ -269,29 +309,44 @@ def verify_decoder(
         reference = lambda prompts, mask, steps: keras_greedy(step_model, prompts, mask, steps)  # noqa: E731
     source = None if decoder is None else on_demand(decoder)
     if source is not None and source.moe:  # every case's router is judged: made once
+        progress.phase("describing the model again for the float64 decode of its router")
         source = on_demand(source.describe())
     cases = decoder_cases(vocabulary, max_length, window=window)
     cases.append(teacher_forced_case(vocabulary, max_length))
     expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
-    exacts = [_exact(source, case, want) for case, want in zip(cases, expected, strict=True)]
+    exacts = [
+        _exact(source, case, want, f"case {i + 1} of {len(cases)}")
+        for i, (case, want) in enumerate(zip(cases, expected, strict=True))
+    ]
     releases = [
         judge.router_releases(exact()[1], c["mask"], c["steps"]) if exact and source.moe else None
         for c, exact in zip(cases, exacts, strict=True)
     ]
-    results = [{} for _ in cases]
+    results, failed = [{} for _ in cases], {}
     for name, run in runtimes.items():
         for index, case in enumerate(cases):
             released = None if releases[index] is None else releases[index][0]
-            results[index][name] = _judged(case, expected[index], run, exacts[index], released)
+            results[index][name], got = _compared(case, expected[index], run, released)
+            if got is not None and exacts[index] is not None:
+                failed.setdefault(index, []).append((name, got))
+    if release is not None:
+        release()  # each runtime holds the weights once: none open while the judge runs
+    _judge_logits(cases, expected, exacts, releases, results, failed)
+    return _report(cases, results, releases, reference_name)
+
+
+def _report(cases: list[dict], results: list[dict], releases: list, reference_name: str) -> dict:
+    """`verify_decoder`'s report of `results` (per case, runtime -> result) and the router
+    ties of `releases` (`judge.router_releases`' per case, or None)."""
     report = {
         "tolerance": {"atol": ATOL, "rtol": RTOL},
         "reference": reference_name,
         "cases": [],
         "ties": [],
     }
-    for case, found, release in zip(cases, results, releases, strict=True):
-        if release is not None:
-            report["ties"] += [{"case": case["name"], "runtime": "all", **t} for t in release[1]]
+    for case, found, router in zip(cases, results, releases, strict=True):
+        if router is not None:
+            report["ties"] += [{"case": case["name"], "runtime": "all", **t} for t in router[1]]
         for name, result in found.items():
             report["ties"] += [{"case": case["name"], "runtime": name, **t} for t in result["ties"]]
         prompts, steps = case["prompts"], case["steps"]
@@ -310,10 +365,11 @@ def verify_decoder(
     return report
 
 
-def _exact(source, case: dict, expected):
+def _exact(source, case: dict, expected, case_name: str):
     """A thunk of `exact.exact_greedy` along the reference's path of `case` (None without a
     description), computed at its first call and kept; the description is made for it
-    (`source.describe()`) and released when it returns."""
+    (`source.describe()`, its layers said under the judge's name, `case_name`'s) and
+    released when it returns."""
     from keras_posenc.export.decoder.exact import exact_greedy
 
     if source is None:
@@ -322,9 +378,11 @@ def _exact(source, case: dict, expected):
 
     def exact():
         if not cached:
-            cached.append(
-                exact_greedy(source.describe(), case["prompts"], case["mask"], expected[0])
-            )
+            if not source.moe:  # (a mixture of experts' was made once, and said)
+                progress.phase(f"describing the model again for the float64 judge of {case_name}")
+            decoder = source.describe()
+            progress.phase(f"the float64 decode of {case_name}")
+            cached.append(exact_greedy(decoder, case["prompts"], case["mask"], expected[0]))
         return cached[0]
 
     return exact

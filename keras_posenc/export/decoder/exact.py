@@ -18,12 +18,15 @@ logit, in the float64 router logits.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Moe, Norm
 
 f64 = np.float64
+# Weights of the head converted to float64 at a time (`head_blocks`): 8 MiB of float64.
+HEAD_BLOCK = 2**20
 
 
 def _norm(x: np.ndarray, norm: Norm) -> np.ndarray:
@@ -157,9 +160,10 @@ def _per_layer_inputs(decoder: Decoder, tokens, x) -> np.ndarray:
     return (_norm(projected, ple.norm) + embedded) * ple.combine_scale
 
 
-def exact_row(decoder: Decoder, tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(logits (n, vocabulary), router gap (n,), router scale (n,))` of one row's tokens
-    at positions `0..n-1`, in float64.
+def exact_hidden(decoder: Decoder, tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(hidden (n, width), router gap (n,), router scale (n,))` of one row's tokens at
+    positions `0..n-1`, in float64: the final norm's output, which the head reads
+    (`head_blocks`).
 
     The router gap is, over the mixture-of-experts layers, each position's smallest
     distance between its `top_k`-th and next router logit (`inf` without experts); the
@@ -193,10 +197,32 @@ def exact_row(decoder: Decoder, tokens) -> tuple[np.ndarray, np.ndarray, np.ndar
             gated = _gelu_tanh(x @ f64(gate.gate)) * per_layer[:, i]
             x = x + _norm(gated @ f64(gate.up), gate.norm)
         x = x * block.output_scale
-    logits = _norm(x, decoder.final_norm) @ f64(decoder.head)
-    if decoder.head_bias is not None:
-        logits = logits + f64(decoder.head_bias)
-    return _capped(logits, decoder.final_softcap), gap, scale
+    return _norm(x, decoder.final_norm), gap, scale
+
+
+def head_blocks(decoder: Decoder, hidden: np.ndarray) -> Iterator[tuple[slice, np.ndarray]]:
+    """`(columns, logits (n, len(columns)))` of the head over `hidden` (`exact_hidden`'s),
+    `HEAD_BLOCK` weights a block: the float64 copy of the head is made a block at a time
+    (a whole one is twice the float32 table: 2.1 GB for a vocabulary of 128256 at width
+    2048), and each column's value is the same as from the whole table."""
+    head = decoder.head
+    columns = max(1, HEAD_BLOCK // head.shape[0])
+    for start in range(0, head.shape[1], columns):
+        block = slice(start, start + columns)
+        logits = hidden @ f64(head[:, block])
+        if decoder.head_bias is not None:
+            logits = logits + f64(decoder.head_bias[block])
+        yield block, _capped(logits, decoder.final_softcap)
+
+
+def exact_row(decoder: Decoder, tokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(logits (n, vocabulary), router gap (n,), router scale (n,))` of one row's tokens
+    at positions `0..n-1`, in float64 (`exact_hidden`, then the head: `head_blocks`)."""
+    hidden, gap, scale = exact_hidden(decoder, tokens)
+    logits = np.empty((len(hidden), decoder.vocabulary))
+    for columns, block in head_blocks(decoder, hidden):
+        logits[:, columns] = block
+    return logits, gap, scale
 
 
 def exact_greedy(decoder: Decoder, prompts: np.ndarray, mask: np.ndarray, tokens: np.ndarray):
@@ -225,8 +251,11 @@ def exact_greedy(decoder: Decoder, prompts: np.ndarray, mask: np.ndarray, tokens
         real = mask[row].astype(bool)
         n = int(real.sum())
         path = np.concatenate([prompts[row, real], tokens[row, :steps]])
-        logits, gap, scale = exact_row(decoder, path)
-        prompt[row, real], gaps[0][row, real], scales[0][row, real] = logits[:n], gap[:n], scale[:n]
-        step[:, row], gaps[1][:, row], scales[1][:, row] = logits[n:], gap[n:], scale[n:]
+        hidden, gap, scale = exact_hidden(decoder, path)
+        gaps[0][row, real], scales[0][row, real] = gap[:n], scale[:n]
+        gaps[1][:, row], scales[1][:, row] = gap[n:], scale[n:]
+        # Into the layout a block at a time: no whole (n, vocabulary) row besides it.
+        for columns, block in head_blocks(decoder, hidden):
+            prompt[row, real, columns], step[:, row, columns] = block[:n], block[n:]
     as_steps = lambda pair: [pair[0], *pair[1]]  # noqa: E731
     return as_steps((prompt, step)), (as_steps(gaps), as_steps(scales))

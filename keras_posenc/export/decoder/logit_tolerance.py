@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 ATOL, RTOL = 1e-5, 1e-4
+# Logits compared at a time: their float64 errors are ~6 copies of them (a prompt of 256
+# rows of a vocabulary of 128256 would be 1.6 GB at once).
+BLOCK_LOGITS = 2**20
 TIE = 2  # a tie: a margin a flip can cross, each of the two logits moving by a tolerance
 
 

@@ -1,10 +1,11 @@
 """What `save_decoder` is doing, said on stderr as Keras's `fit` says its epochs.
 
 `verbose=1` prints one line a phase (describing the model, writing the files, each
-verification case and runtime, replacing an earlier folder, the end), each with the
-seconds since the call began; `verbose=0` prints nothing. The long phases (describing and
-writing a large model) say `layer i of n` at most every `INTERVAL` seconds, through the
-module's `phase` / `layer`, which report to the `save_decoder` running (`reporting`).
+verification case and runtime, the float64 judge, replacing an earlier folder, the end),
+each with the seconds since the call began; `verbose=0` prints nothing. The long phases
+(describing a large model, again where the float64 judge needs it, and writing it) say
+`layer i of n` at most every `INTERVAL` seconds, through the module's `phase` / `layer` /
+`say`, which report to the `save_decoder` running (`reporting`).
 """
 
 from __future__ import annotations
@@ -119,3 +120,10 @@ def phase(name: str) -> None:
     progress = _CURRENT.get()
     if progress is not None:
         progress.phase(name)
+
+
+def say(text: str) -> None:
+    """Says `text` for the `save_decoder` running, if any."""
+    progress = _CURRENT.get()
+    if progress is not None:
+        progress.say(text)

@@ -232,9 +232,11 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     `checked` its `(model, source, reference, length, quantization, attention)`, `source`
     the description on demand) and
     LiteRT-LM's engine's text, with the attention, Keras backend and formats it ran."""
-    model = checked[0]
-    runtimes = _runtimes(staging, formats, max_length, checked[4])
-    report = _verify(*checked[:3], runtimes, *checked[3:5], progress) if runtimes else {"cases": []}
+    model, slot = checked[0], OneAtATime()
+    runtimes = _runtimes(staging, formats, max_length, checked[4], slot)
+    arguments = (*checked[:3], runtimes, *checked[3:5], progress, slot.close)
+    report = _verify(*arguments) if runtimes else {"cases": []}
+    slot.close()
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
@@ -246,11 +248,19 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
 
 
 def _verify(
-    model, source, reference, runtimes: dict, length: int, quantization, progress: Progress
+    model,
+    source,
+    reference,
+    runtimes: dict,
+    length: int,
+    quantization,
+    progress: Progress,
+    release,
 ) -> dict:
     """`verify_decoder`'s report, each case said through `progress`; `source` the
     description on demand (`on_demand.py`); `reference` None is Keras's greedy generation
-    through the step model. A quantized file's: see `quantized_save.py`."""
+    through the step model; `release` closes the runtimes before the float64 judge. A
+    quantized file's: see `quantized_save.py`."""
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
 
     if quantization is not None:
@@ -276,6 +286,7 @@ def _verify(
         window,
         decoder=source,
         reference_name=name,
+        release=release,
     )
 
 
@@ -313,14 +324,16 @@ def _write(files: dict, staging: Path, weights=None) -> None:
             (staging / name).write_bytes(content)
 
 
-def _runtimes(staging: Path, formats: tuple[str, ...], max_length: int, quantization) -> dict:
+def _runtimes(
+    staging: Path, formats: tuple[str, ...], max_length: int, quantization, slot=None
+) -> dict:
     """One greedy runner per file written, by runtime name (and for a quantized file with
     int8 activations the same file with float arithmetic: `float_arithmetic_runtime`).
-    The ONNX runtimes open at their first call, one at a time (`on_demand.OneAtATime`):
-    each holds the weights once more."""
+    The ONNX runtimes open at their first call, one at a time through `slot` (an
+    `on_demand.OneAtATime`, or a new one): each holds the weights once more."""
     from keras_posenc.export.decoder.quantized_save import float_arithmetic_runtime
 
-    runtimes, slot = {}, OneAtATime()
+    runtimes, slot = {}, OneAtATime() if slot is None else slot
     if "onnx" in formats:
         onnx_path = staging / "model.onnx"  # each path its own name: read when a runtime runs
         runtimes["onnxruntime"] = slot.runtime(
