@@ -103,29 +103,40 @@ def _models():
 
 
 def _check_nodes(path, decoder, tied: bool, bits: int):
-    """Every quantized kernel one DequantizeLinear of int4/int8 read by a MatMul, no
-    contrib op; a tied table one of them, read by the embedding's Gather too."""
+    """Every quantized kernel one DequantizeLinear of int4/int8 initializers read by a
+    MatMul, no contrib op; a tied table's integers the head's (one copy), read by the
+    embedding's Gather: 8 bits directly, 4 bits (no int4 Gather) dequantized."""
     model = onnx.load(path)
     nodes = list(model.graph.node)
     assert all(node.domain == "" for node in nodes)
-    dequantize_nodes = [n for n in nodes if n.op_type == "DequantizeLinear"]
-    # Each layer's q/k/v packed in one kernel; a tied table is the head's one.
-    assert len(dequantize_nodes) == len(quantized_kernels(decoder)) - 2 * len(decoder.blocks)
-    integer = TensorProto.INT4 if bits == 4 else TensorProto.INT8
     initializers = {t.name: t for t in model.graph.initializer}
     readers = {}
     for node in nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node.op_type)
-    for node in dequantize_nodes:
+    weights = [n for n in nodes if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
+    # Each layer's q/k/v packed in one kernel; a tied table is the head's one.
+    assert len(weights) == len(quantized_kernels(decoder)) - 2 * len(decoder.blocks)
+    integer = TensorProto.INT4 if bits == 4 else TensorProto.INT8
+    for node in weights:
         assert initializers[node.input[0]].data_type == integer and len(node.input) == 2
         assert "MatMul" in readers[node.output[0]]
-        assert readers[node.input[0]] == ["DequantizeLinear"]  # one copy of the integers
-    gathers = [n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids"]
-    embedding_read = {
-        "DequantizeLinear" if n.input[0] not in initializers else "initializer" for n in gathers
-    }
-    assert embedding_read == ({"DequantizeLinear"} if tied else {"initializer"})
+    embedding = next(  # the table's (8 bits tied: then its scales')
+        n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids"
+    )
+    head = next(n for n in weights if n.input[0].startswith("lm_head"))
+    if not tied:
+        assert initializers[embedding.input[0]].data_type == TensorProto.FLOAT
+    elif bits == 4:
+        assert embedding.input[0] == head.output[0]
+    else:
+        assert embedding.input[0] == head.input[0]
+    for node in weights:  # read by nothing else but the tied embedding
+        assert sorted(readers[node.input[0]]) == (
+            ["DequantizeLinear", "Gather"]
+            if node is head and tied and bits == 8
+            else ["DequantizeLinear"]
+        )
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])

@@ -7,8 +7,8 @@ is `GatherBlockQuantized` over the head's packed weights reshaped to `(vocabular
 K * bits / 8)`; an untied one stays a float32 `Gather`. A mixture of experts' experts are one
 `com.microsoft.QMoE` (`moe.py`; its router stays float32). Weights outside that list (Gemma
 4's per-layer gate and projection) stay float32 MatMuls. The standard-op graph writes the
-same weights as `DequantizeLinear` + `MatMul` (`quantized_standard.py`); its tied table is
-the head's one dequantized kernel, read by the embedding's `Gather` and by the head.
+same weights as `DequantizeLinear` + `MatMul` (`quantized_standard.py`); a tied table is
+the head's integers, stored once, read by the embedding too (`tied_lookup`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_siz
 from keras_posenc.export.decoder.quantized_standard import (
     FUSED_ACCURACY_LEVEL,
     dequantized_weight,
+    tied_lookup,
 )
 from keras_posenc.export.errors import ExportError
 
@@ -185,10 +186,10 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
         return g.node("Transpose", [g.node("Gather", [g.tied_table, ids], axis=1)], perm=[1, 2, 0])
     if not is_tied(decoder):
         return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
-    if g.standard:  # ONNX's Gather takes no int4: the table dequantized, read by the head too
-        g.tied_table = _dequantized(g, decoder.head, "lm_head")
-        return g.node("Transpose", [g.node("Gather", [g.tied_table, ids], axis=1)], perm=[1, 2, 0])
     q = g.quantization
+    if g.standard:  # the head's integers, stored once (`quantized_standard.tied_lookup`)
+        embedded, g.tied_table = tied_lookup(g, quantize(decoder.head, q.bits, q.block_size), ids)
+        return embedded
     g.head_stored = _stored(g, "lm_head", decoder.head)
     packed, scales = g.head_stored
     width = decoder.head.shape[0] * q.bits // 8

@@ -80,8 +80,8 @@ def _integer_initializer(g: GraphBuilder, name: str, values: np.ndarray, bits: i
     return g.initializer(name, _raw(values, bits, signed), data_type=data_type, dims=values.shape)
 
 
-def dequantized_weight(g: GraphBuilder, stored: Quantized, name: str) -> str:
-    """The float32 kernel `(K, N)` of `stored`: `DequantizeLinear` over its initializers."""
+def _dequantize_inputs(g: GraphBuilder, stored: Quantized, name: str) -> list[str]:
+    """`[integers, scales]` (and zero points) initializers of `stored`, DequantizeLinear's."""
     integers, zero_points = standard_integers(stored)
     signed, bits = zero_points is None, stored.bits
     inputs = [
@@ -92,4 +92,25 @@ def dequantized_weight(g: GraphBuilder, stored: Quantized, name: str) -> str:
         inputs.append(
             _integer_initializer(g, f"{name}.weight_zero_points", zero_points, bits, signed)
         )
+    return inputs
+
+
+def dequantized_weight(g: GraphBuilder, stored: Quantized, name: str) -> str:
+    """The float32 kernel `(K, N)` of `stored`: `DequantizeLinear` over its initializers."""
+    inputs = _dequantize_inputs(g, stored, name)
     return g.node("DequantizeLinear", inputs, axis=0, block_size=stored.block_size)
+
+
+def tied_lookup(g: GraphBuilder, stored: Quantized, ids: str) -> tuple[str, str]:
+    """`(embedded tokens (batch, sequence, K), the head's float kernel (K, N))` of a tied
+    table, its integers stored once (the head's). 8 bits: the tokens' columns of the
+    integers and scales, gathered, then dequantized. 4 bits (ONNX's `Gather` takes no
+    int4): the columns of the dequantized kernel the head reads."""
+    inputs = _dequantize_inputs(g, stored, "lm_head")
+    kernel = g.node("DequantizeLinear", inputs, axis=0, block_size=stored.block_size)
+    if stored.bits == 4:
+        columns = g.node("Gather", [kernel, ids], axis=1)
+    else:  # (K, batch, sequence), its scales (K / block_size, batch, sequence)
+        gathered = [g.node("Gather", [x, ids], axis=1) for x in inputs]
+        columns = g.node("DequantizeLinear", gathered, axis=0, block_size=stored.block_size)
+    return g.node("Transpose", [columns], perm=[1, 2, 0]), kernel
