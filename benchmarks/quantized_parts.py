@@ -23,12 +23,10 @@ every file once in a random order; the medians of the per-round ratios to a base
 from __future__ import annotations
 
 import collections
-import os
 import random
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -217,42 +215,64 @@ def _prompt_logits(path: Path, prompts: np.ndarray) -> np.ndarray:
     return session.run(["logits"], feeds)[0].astype(np.float64)
 
 
-def levels_part(rounds: int) -> dict:
+def _with_level(written: Path, folder: Path, level: int) -> Path:
+    """A copy of the folder `written` with every MatMulNBits at `level`."""
     import onnx
 
-    work = Path(tempfile.mkdtemp(prefix="quantized_levels_"))
-    hf = llama_folder(work / "hf")
-    written = _write(hf, work / "gqa_int4", "gqa", "int4")
-    float32 = _write(hf, work / "gqa_float32", "gqa", None)
-    folders = {}
-    for level in range(5):
-        folder = work / f"level_{level}"
-        shutil.copytree(written, folder)
-        model = onnx.load(folder / "model.onnx")
-        for node in model.graph.node:
-            for attribute in node.attribute:
-                if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
-                    attribute.i = level
-        onnx.save(model, folder / "model.onnx")
-        folders[f"int4, accuracy_level {level}"] = folder
+    shutil.copytree(written, folder)
+    model = onnx.load(folder / "model.onnx")
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
+                attribute.i = level
+    onnx.save(model, folder / "model.onnx")
+    return folder
+
+
+def _agreement(folders: dict, exact: Path, float32: Path, layers: int) -> None:
+    """Each file's prompt logits against `exact`'s (level 0) and the float32 file's."""
+    from keras_posenc.export.decoder.quantized_check import activation_bound
+
     prompts = np.random.default_rng(1).integers(3, 4096, (4, PROMPT)).astype(np.int64)
-    exact = _prompt_logits(folders["int4, accuracy_level 0"] / "model.onnx", prompts)
-    reference = _prompt_logits(float32 / "model.onnx", prompts)
-    scale = np.sqrt(np.mean(np.square(exact), axis=-1, keepdims=True))
+    reference = _prompt_logits(exact / "model.onnx", prompts)
+    float_logits = _prompt_logits(float32 / "model.onnx", prompts)
+    scale = np.sqrt(np.mean(np.square(reference), axis=-1, keepdims=True))
+    bound = activation_bound(reference, 2 * layers + 1, 32)
     for name, folder in folders.items():
         logits = _prompt_logits(folder / "model.onnx", prompts)
-        relative = np.abs(logits - exact) / scale
-        same = np.mean(np.argmax(logits, -1) == np.argmax(exact, -1))
-        against_float = np.mean(np.argmax(logits, -1) == np.argmax(reference, -1))
+        error = np.abs(logits - reference)
+        same = np.mean(np.argmax(logits, -1) == np.argmax(reference, -1))
+        against_float = np.mean(np.argmax(logits, -1) == np.argmax(float_logits, -1))
         print(
-            f"{name}: max |logit - level 0's| / rms(row) {relative.max():.2e}, top-1 as level "
-            f"0 {same:.1%}, as float32 {against_float:.1%}"
+            f"{name}: max |logit - level 0's| / rms(row) {(error / scale).max():.2e} "
+            f"(int8-activation bound used {(error / bound).max():.2f}), top-1 as level 0 "
+            f"{same:.1%}, as float32 {against_float:.1%}"
         )
+
+
+def levels_part(rounds: int) -> dict:
+    """The `levels` part (module docstring), int4 and int8."""
+    work = Path(tempfile.mkdtemp(prefix="quantized_levels_"))
+    hf = llama_folder(work / "hf")
+    float32 = _write(hf, work / "gqa_float32", "gqa", None)
+    folders = {}
+    for mode in ("int4", "int8"):
+        written = _write(hf, work / f"gqa_{mode}", "gqa", mode)
+        named = {
+            f"{mode}, accuracy_level {level}": _with_level(
+                written, work / f"{mode}_level_{level}", level
+            )
+            for level in range(5)
+        }
+        _agreement(named, named[f"{mode}, accuracy_level 0"], float32, layers=4)
+        folders.update(named)
     load = [_load()]
-    began = time.perf_counter()
     result = interleaved(folders, "int4, accuracy_level 4", rounds)
     load.append(_load())
     _print(result, "int4, accuracy_level 4", load)
-    print(f"({time.perf_counter() - began:.0f} s, pid {os.getpid()})")
+    for mode in ("int4", "int8"):
+        level_4 = result[f"{mode}, accuracy_level 4"]["ratio"]
+        ratios = [result[f"{mode}, accuracy_level {n}"]["ratio"] / level_4 for n in range(5)]
+        print(f"{mode}, each level / level 4: " + ", ".join(f"{r:.2f}x" for r in ratios))
     shutil.rmtree(work, ignore_errors=True)
     return result
