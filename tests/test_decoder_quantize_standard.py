@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from keras_hub_models import tiny_causal_lm
+from keras_hub_models import tiny_causal_lm, tiny_gpt_oss
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import save
+from keras_posenc.export.decoder import runtime_version, save
 from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.logit_tolerance import bound
@@ -34,6 +34,7 @@ from keras_posenc.export.decoder.quantized_standard import (
     FUSED_ACCURACY_LEVEL,
     dequantized_weight,
 )
+from keras_posenc.export.errors import ExportError
 
 MAX_LENGTH = 24
 
@@ -247,3 +248,11 @@ def test_a_tampered_file_fails_the_verification(tmp_path):
         # The float-arithmetic run of the same bytes catches it by itself.
         float_results = [c["runtimes"][FLOAT_RUNTIME] for c in report["cases"]]
         assert not all(r["passed"] for r in float_results), tamper.__name__
+
+
+def test_a_mixture_of_experts_is_refused_with_standard_ops(tmp_path):
+    if runtime_version._installed() < runtime_version.VERIFIED_FROM:
+        pytest.skip("GPT-OSS's sinks need onnxruntime 1.32")
+    with pytest.raises(ExportError, match="mixture-of-experts MLP and attention='standard'"):
+        _save(tiny_gpt_oss(), tmp_path / "q", quantize="int4")
+    assert not (tmp_path / "q").exists()

@@ -124,7 +124,7 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
     if attention in ("gqa", "standard"):
         refuse_older_onnxruntime(decoder, attention)
     if quantization is not None:
-        refuse_unquantizable(decoder, quantization)
+        refuse_unquantizable(decoder, quantization, attention)
     g = GraphBuilder()
     g.standard = attention == "standard"
     g.quantization = quantization

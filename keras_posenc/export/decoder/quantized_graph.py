@@ -98,9 +98,16 @@ def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
     return kernels
 
 
-def refuse_unquantizable(decoder, quantization: Quantization) -> None:
+def refuse_unquantizable(decoder, quantization: Quantization, attention: str = "gqa") -> None:
     """Refuses, before anything is written, what MatMulNBits and QMoE cannot take: a K (a
-    kernel's input width, an expert's own for QMoE) that is not a whole number of blocks."""
+    kernel's input width, an expert's own for QMoE) that is not a whole number of blocks;
+    and with standard ops a mixture of experts (QMoE is onnxruntime's own op)."""
+    if attention == "standard" and any(block.mlp.kind == "moe" for block in decoder.blocks):
+        raise ExportError(
+            "quantize with a mixture-of-experts MLP and attention='standard' is not yet "
+            "supported (quantized experts are written as com.microsoft.QMoE); use "
+            "attention='gqa', or quantize=None."
+        )
     block = quantization.block_size
     refuse_unblockable_experts(decoder, block)
     for name, kernel in quantized_kernels(decoder):
