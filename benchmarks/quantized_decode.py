@@ -10,6 +10,9 @@ then 32 tokens: positions 100-131), the median over interleaved rounds in a rand
 
     python -m benchmarks.quantized_decode            # a few minutes on 2 cores
     python -m benchmarks.quantized_decode --rounds 3
+    python -m benchmarks.quantized_decode --part standard   # quantized_parts.py
+    python -m benchmarks.quantized_decode --part standard --tied
+    python -m benchmarks.quantized_decode --part levels
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import numpy as np  # noqa: E402
 MAX_LENGTH, PROMPT, TOKENS = 256, 100, 32
 
 
-def llama_folder(folder: Path) -> Path:
-    """A random-weight transformers Llama saved as safetensors with its config."""
+def llama_folder(folder: Path, tied: bool = False) -> Path:
+    """A random-weight transformers Llama saved as safetensors with its config (`tied`:
+    the head is the embedding table)."""
     import torch
     import transformers
 
@@ -48,7 +52,7 @@ def llama_folder(folder: Path) -> Path:
         num_attention_heads=8,
         num_key_value_heads=4,
         max_position_embeddings=MAX_LENGTH,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=1,
         eos_token_id=2,
     )
@@ -146,7 +150,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--verify", action="store_true", help="verify our int4 file too")
+    parser.add_argument(
+        "--part",
+        choices=("builder", "standard", "levels"),
+        default="builder",
+        help="standard: DequantizeLinear files; levels: MatMulNBits' accuracy levels",
+    )
+    parser.add_argument("--tied", action="store_true", help="--part standard: a tied head")
     args = parser.parse_args(argv)
+    if args.part != "builder":
+        from benchmarks import quantized_parts
+
+        if args.part == "standard":
+            return quantized_parts.standard_part(args.rounds, args.tied)
+        return quantized_parts.levels_part(args.rounds)
     import onnxruntime_genai as og
 
     work = Path(tempfile.mkdtemp(prefix="quantized_decode_"))

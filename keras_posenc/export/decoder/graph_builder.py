@@ -29,14 +29,19 @@ class GraphBuilder:
         self._names.add(name)
         return name
 
-    def initializer(self, base: str, array: np.ndarray) -> str:
+    def initializer(self, base: str, array: np.ndarray, data_type=None, dims=None) -> str:
         """A named initializer (a weight, a table); written to the file at once while a
-        weights file is open (`weights_file.streaming`) and it is not a small constant."""
+        weights file is open (`weights_file.streaming`) and it is not a small constant.
+        `data_type` and `dims` given: `array` is the tensor's raw bytes (int4's two a byte)."""
         name = self.name(base)
         weights = weights_file.current()
         array = np.asarray(array)
         if weights is not None and weights.takes(array):
-            self.initializers.append(weights.tensor(name, array))
+            self.initializers.append(weights.tensor(name, array, data_type, dims))
+        elif data_type is not None:
+            tensor = onnx.TensorProto(name=name, data_type=data_type, dims=list(dims))
+            tensor.raw_data = np.ascontiguousarray(array).tobytes()
+            self.initializers.append(tensor)
         else:
             self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name

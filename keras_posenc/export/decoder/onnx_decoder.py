@@ -118,14 +118,13 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
         attention: `"gqa"` (`com.microsoft.GroupQueryAttention`) or `"standard"` (ONNX's
             own operators only for the attention; see `standard.py`).
         quantization: None (float32 weights) or a `quantized_graph.Quantization`: the
-            projections and head as MatMulNBits (`quantized_graph.py`; "gqa" only).
+            projections and head as MatMulNBits, or with `"standard"` DequantizeLinear +
+            MatMul (`quantized_graph.py`).
     """
     if attention in ("gqa", "standard"):
         refuse_older_onnxruntime(decoder, attention)
     if quantization is not None:
-        if attention != "gqa":
-            raise ValueError("quantization is written with attention='gqa' only (MatMulNBits).")
-        refuse_unquantizable(decoder, quantization)
+        refuse_unquantizable(decoder, quantization, attention)
     g = GraphBuilder()
     g.standard = attention == "standard"
     g.quantization = quantization

@@ -6,7 +6,9 @@ and down, the head) is one `com.microsoft.MatMulNBits` over `quantize.py`'s bloc
 is `GatherBlockQuantized` over the head's packed weights reshaped to `(vocabulary,
 K * bits / 8)`; an untied one stays a float32 `Gather`. A mixture of experts' experts are one
 `com.microsoft.QMoE` (`moe.py`; its router stays float32). Weights outside that list (Gemma
-4's per-layer gate and projection) stay float32 MatMuls.
+4's per-layer gate and projection) stay float32 MatMuls. The standard-op graph writes the
+same weights as `DequantizeLinear` + `MatMul` (`quantized_standard.py`); a tied table is
+the head's integers, stored once, read by the embedding too (`tied_lookup`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ import numpy as np
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.moe import expert_kernels, refuse_unblockable_experts
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
+from keras_posenc.export.decoder.quantized_standard import (
+    FUSED_ACCURACY_LEVEL,
+    dequantized_weight,
+    tied_lookup,
+)
 from keras_posenc.export.errors import ExportError
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
@@ -41,7 +48,8 @@ def checked_quantization(
 
     Raises:
         ValueError: a mode, block size or accuracy level the runtime does not take.
-        ExportError: a combination not written yet (standard ops, LiteRT).
+        ExportError: a combination not written yet (LiteRT), or an accuracy level other
+            than 4 with standard ops (the file carries none: see below).
     """
     if quantize_mode is None:
         return None
@@ -56,10 +64,12 @@ def checked_quantization(
             f"accuracy_level must be one of {ACCURACY_LEVELS} (MatMulNBits' attribute), got "
             f"{accuracy_level!r}."
         )
-    if attention != "gqa":
+    if attention == "standard" and accuracy_level != 4:
         raise ExportError(
-            f"quantize={quantize_mode!r} with attention={attention!r} is not yet supported: "
-            "quantized files are written with attention='gqa' (MatMulNBits) only."
+            f"accuracy_level={accuracy_level!r} with attention='standard': the standard-op "
+            "file (DequantizeLinear + MatMul) carries no accuracy level; onnxruntime fuses it "
+            f"into MatMulNBits at the session's {FUSED_ACCURACY_LEVEL!r} (default 4). Leave "
+            "accuracy_level at 4, or use attention='gqa'."
         )
     if any(kind != "onnx" for kind in formats):
         raise ExportError(
@@ -88,9 +98,16 @@ def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
     return kernels
 
 
-def refuse_unquantizable(decoder, quantization: Quantization) -> None:
+def refuse_unquantizable(decoder, quantization: Quantization, attention: str = "gqa") -> None:
     """Refuses, before anything is written, what MatMulNBits and QMoE cannot take: a K (a
-    kernel's input width, an expert's own for QMoE) that is not a whole number of blocks."""
+    kernel's input width, an expert's own for QMoE) that is not a whole number of blocks;
+    and with standard ops a mixture of experts (QMoE is onnxruntime's own op)."""
+    if attention == "standard" and any(block.mlp.kind == "moe" for block in decoder.blocks):
+        raise ExportError(
+            "quantize with a mixture-of-experts MLP and attention='standard' is not yet "
+            "supported (quantized experts are written as com.microsoft.QMoE); use "
+            "attention='gqa', or quantize=None."
+        )
     block = quantization.block_size
     refuse_unblockable_experts(decoder, block)
     for name, kernel in quantized_kernels(decoder):
@@ -135,10 +152,19 @@ def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str],
     )
 
 
+def _dequantized(g: GraphBuilder, kernel: np.ndarray, name: str) -> str:
+    """The standard-op graph's float kernel: `DequantizeLinear` over `kernel` quantized."""
+    q = g.quantization
+    return dequantized_weight(g, quantize(kernel, q.bits, q.block_size), name)
+
+
 def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, outputs=1) -> str:
-    """`x @ kernel`: a float32 MatMul, or MatMulNBits where the graph is quantized."""
+    """`x @ kernel`: a float32 MatMul, or where the graph is quantized MatMulNBits (the
+    standard-op graph: `DequantizeLinear` then `MatMul`)."""
     if getattr(g, "quantization", None) is None:
         return g.node("MatMul", [x, g.initializer(name, kernel)], outputs)
+    if g.standard:
+        return g.node("MatMul", [x, _dequantized(g, kernel, name)], outputs)
     return _nbits(g, x, kernel, _stored(g, name, kernel), outputs)
 
 
@@ -147,6 +173,9 @@ def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
     GatherBlockQuantized already reads, see `embedding_lookup`)."""
     if getattr(g, "quantization", None) is None:
         table = getattr(g, "tied_table", None) or g.initializer("lm_head", head)
+        return g.node("MatMul", [hidden, table], outputs)
+    if g.standard:
+        table = getattr(g, "tied_table", None) or _dequantized(g, head, "lm_head")
         return g.node("MatMul", [hidden, table], outputs)
     stored = getattr(g, "head_stored", None) or _stored(g, "lm_head", head)
     return _nbits(g, hidden, head, stored, outputs)
@@ -165,6 +194,9 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
     if not is_tied(decoder):
         return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     q = g.quantization
+    if g.standard:  # the head's integers, stored once (`quantized_standard.tied_lookup`)
+        embedded, g.tied_table = tied_lookup(g, quantize(decoder.head, q.bits, q.block_size), ids)
+        return embedded
     g.head_stored = _stored(g, "lm_head", decoder.head)
     packed, scales = g.head_stored
     width = decoder.head.shape[0] * q.bits // 8

@@ -18,6 +18,8 @@ from keras_posenc.export.decoder.quantized_routers import (
     dequantized_description,
     quantized_router_releases,
 )
+from keras_posenc.export.decoder.quantized_standard import FUSED_ACCURACY_LEVEL
+from keras_posenc.export.decoder.weights_file import session_options
 
 # accuracy_level 0 and 1: MatMulNBits computes in float32 on the dequantized weights.
 FLOAT_LEVELS = (0, 1)
@@ -75,6 +77,9 @@ def _float_arithmetic(path, max_length: int):
     from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 
     model = onnx.load(path)
+    options = session_options()
+    # A standard-op file's DequantizeLinear + MatMul, fused into MatMulNBits: level 0 too.
+    options.add_session_config_entry(FUSED_ACCURACY_LEVEL, "0")
     for node in model.graph.node:
         if node.op_type in ("MatMulNBits", "QMoE"):
             for attribute in node.attribute:
@@ -85,7 +90,7 @@ def _float_arithmetic(path, max_length: int):
     os.environ[variable] = value
     try:
         session = onnxruntime.InferenceSession(
-            model.SerializeToString(), providers=["CPUExecutionProvider"]
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
     finally:
         if before is None:

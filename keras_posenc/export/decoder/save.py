@@ -118,7 +118,7 @@ def save_decoder(
         prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
-        quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
+        quantize, block_size, accuracy_level: int8/int4 weights (docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`), also `folder/verification.json`:

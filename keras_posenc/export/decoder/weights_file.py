@@ -172,13 +172,16 @@ class WeightsFile:
         """Whether `array` goes to the file (smaller ones stay in the graph)."""
         return array.nbytes >= (INLINE_BYTES if self.inline else MIN_EXTERNAL_BYTES)
 
-    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+    def tensor(self, name: str, array: np.ndarray, data_type=None, dims=None) -> TensorProto:
+        """`data_type` and `dims` given: `array` is the tensor's raw bytes (int4: two a byte)."""
         if array.dtype.byteorder == ">":  # ONNX's raw data is little-endian
             array = array.astype(array.dtype.newbyteorder("<"))
         tensor = TensorProto()
         tensor.name = name
-        tensor.dims.extend(array.shape)
-        tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape if dims is None else dims)
+        if data_type is None:
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.data_type = data_type
         if self.inline:
             header = tensor.SerializeToString()
             raw = _key(_RAW_DATA) + _varint(array.nbytes)
