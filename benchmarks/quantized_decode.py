@@ -14,11 +14,13 @@ times the same positions in every file (`og.Generator` rewinds only batch 1; the
 positions move by `TOKENS` a round: 100-196 and 900-996 at 15 rounds). Reported: the
 bytes of each folder's ONNX files (with their external data), the median ms/token, and
 the median over rounds of ours / the builder's ms/token, per bits, each in wall time and
-in the CPU time of the thread that runs the session (`timed_round`): on a shared,
-oversubscribed machine the CPU ratio is the one that settles.
+in the CPU time of the thread that runs the session (`timed_round`; on a shared,
+oversubscribed machine wall time is mostly the other processes'), beside an A/A control:
+the builder's int4 folder loaded twice, one against the other.
 
     python -m benchmarks.decode --part quantized            # both sizes, the full grid
     python -m benchmarks.decode --part quantized --quick    # the small size, batch 1, ~100
+    python -m benchmarks.quantized_decode --keep /tmp/q     # the same, the files kept
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ SIZES = {
 }
 MAX_LENGTH = 1280
 BITS = {"int4": 4, "int8": 8}
+# Ratios reported per cell: ours / the builder's per bits, and an A/A control: the builder's
+# int4 folder loaded a second time against itself (what a file's placement in memory and the
+# machine's noise alone give).
+PAIRS = {
+    "int4": ("ours_int4", "builder_int4"),
+    "int8": ("ours_int8", "builder_int8"),
+    "A/A": ("builder_int4_again", "builder_int4"),
+}
 
 
 def llama_folder(folder: Path, size: str = "21M") -> Path:
@@ -203,7 +213,8 @@ def ms_per_token(model, prompt: np.ndarray) -> float:
 def cell(models: dict, batch: int, position: int, rounds: int, vocabulary: int) -> dict:
     """One batch and position: each file's ms/token per round, interleaved."""
     prompt = np.random.default_rng(position + batch).integers(3, vocabulary, (batch, position))
-    states = {name: generator(model, prompt, rounds + 1) for name, model in models.items()}
+    # The caches allocated in a random order (the first allocation can land differently).
+    states = {name: generator(models[name], prompt, rounds + 1) for name in shuffled(models)}
     times = {name: [] for name in models}  # (wall, cpu) per round
     order = list(models)
     for state in states.values():  # a warm-up each
@@ -215,27 +226,37 @@ def cell(models: dict, batch: int, position: int, rounds: int, vocabulary: int) 
     row = {}
     for clock, at in (("wall", 0), ("cpu", 1)):
         row[clock] = {name: statistics.median(t[at] for t in times[name]) for name in models}
-        for precision in BITS:
-            pairs = zip(times[f"ours_{precision}"], times[f"builder_{precision}"], strict=True)
-            row[clock][f"ratio_{precision}"] = statistics.median(a[at] / b[at] for a, b in pairs)
+        for pair, (ours_name, theirs) in PAIRS.items():
+            pairs = zip(times[ours_name], times[theirs], strict=True)
+            row[clock][f"ratio {pair}"] = statistics.median(a[at] / b[at] for a, b in pairs)
     return row
 
 
-def run_size(size: str, batches, positions, rounds: int) -> dict:
+def shuffled(names) -> list:
+    return random.sample(list(names), len(names))
+
+
+def run_size(size: str, batches, positions, rounds: int, keep: Path | None) -> dict:
+    """Writes the size's files (under `keep / size`, kept and reused, or a temporary
+    folder), then times every batch and position."""
     import onnxruntime_genai as og
 
-    work = Path(tempfile.mkdtemp(prefix=f"quantized_decode_{size}_"))
-    began = time.perf_counter()
-    command = [sys.executable, "-m", "benchmarks.quantized_decode", "--write", size, str(work)]
-    subprocess.run(command, check=True)
-    print(f"{size}: written in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    work = (
+        Path(tempfile.mkdtemp(prefix=f"quantized_decode_{size}_")) if keep is None else keep / size
+    )
+    if not (work / "settings.json").exists():
+        began = time.perf_counter()
+        command = [sys.executable, "-m", "benchmarks.quantized_decode", "--write", size, str(work)]
+        subprocess.run(command, check=True)
+        print(f"{size}: written in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     settings = json.loads((work / "settings.json").read_text())
     names = [f"{who}_{p}" for p in BITS for who in ("ours", "builder")]
     result = {"settings": settings, "bytes": {n: onnx_bytes(work / n) for n in names}}
     models = {}
-    for name in names:
-        one_thread(work / name)
-        models[name] = og.Model(str(work / name))
+    for name in shuffled([*names, "builder_int4_again"]):  # loaded in a random order
+        folder = work / name.removesuffix("_again")
+        one_thread(folder)
+        models[name] = og.Model(str(folder))
     for batch in batches:
         for position in positions:
             row = cell(models, batch, position, rounds, SIZES[size]["vocab_size"])
@@ -247,7 +268,7 @@ def run_size(size: str, batches, positions, rounds: int) -> dict:
 def report_cell(size: str, batch: int, position: int, row: dict) -> None:
     for clock, times in row.items():
         ms = "  ".join(f"{n} {times[n]:.3f}" for n in times if not n.startswith("ratio"))
-        ratios = "  ".join(f"{p} {times[f'ratio_{p}']:.3f}x" for p in BITS)
+        ratios = "  ".join(f"{p} {times[f'ratio {p}']:.3f}x" for p in PAIRS)
         where = f"{size} batch {batch}, position {position}, {clock}"
         print(f"{where} ms/token: {ms}; ours / builder {ratios}")
 
@@ -256,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="21M, batch 1, position ~100")
+    parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
+    parser.add_argument("--keep", type=Path, help="write the files under KEEP/<size>, reuse them")
     parser.add_argument("--write", nargs=2, metavar=("SIZE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.write:
@@ -263,11 +286,15 @@ def main(argv: list[str] | None = None) -> dict:
         settings = write(size, Path(folder))
         (Path(folder) / "settings.json").write_text(json.dumps(settings))
         return settings
-    sizes, batches, positions = (["21M"], [1], [100]) if args.quick else (SIZES, [1, 4], [100, 900])
+    sizes, batches, positions = (
+        (["21M"], [1], [100]) if args.quick else (args.sizes, [1, 4], [100, 900])
+    )
     print(f"load average {open('/proc/loadavg').read().strip()}")
     results = {}
     for size in sizes:
-        results[size] = run_size(size, batches, positions, 3 if args.quick else args.rounds)
+        results[size] = run_size(
+            size, batches, positions, 3 if args.quick else args.rounds, args.keep
+        )
         sizes_of = results[size]["bytes"]
         for precision in BITS:
             ours_bytes, theirs = sizes_of[f"ours_{precision}"], sizes_of[f"builder_{precision}"]
