@@ -5,7 +5,7 @@ widths in `SIZES`) saved to a folder and written four ways: onnxruntime-genai's 
 `-p int4 -e cpu` and `-p int8 -e cpu` of the folder, and `save_decoder(quantize="int4" |
 "int8")` of keras_hub's `LlamaCausalLM.from_preset` of the same folder, at the block size
 and `accuracy_level` the builder's `MatMulNBits` nodes carry (read from its files). Each
-size is written by a child process (its memory is given back before the timing).
+part is written by a child process of its own (its memory given back before the next).
 
 Timed through `og.Generator` (1 intra-op thread), per batch (1, 4) and position (~100,
 ~900): every file's generator is given the same random prompt once, then each round
@@ -148,30 +148,36 @@ def ours(hf: Path, out: Path, quantize: str, settings: dict) -> None:
     )
 
 
-def write(size: str, work: Path) -> dict:
-    """Writes the size's four folders under `work`; returns each builder file's settings."""
+def write(size: str, work: Path, part: str) -> None:
+    """One part of a size's files, in a process of its own (each under 3 GB at 124M):
+    `hf` the transformers folder, then per precision `int4` / `int8` the builder's file
+    (its own process) and ours at the settings read from it."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    hf = llama_folder(work / "hf", size)
-    settings = {}
-    for precision in BITS:
-        builder(hf, work / f"builder_{precision}", precision)
-        settings[precision] = matmul_settings(work / f"builder_{precision}")
-        if settings[precision]["bits"] != BITS[precision]:
-            raise RuntimeError(f"the builder's -p {precision} wrote {settings[precision]}")
-        ours(hf, work / f"ours_{precision}", precision, settings[precision])
-        if matmul_settings(work / f"ours_{precision}") != settings[precision]:
-            raise RuntimeError(f"ours {precision}: {matmul_settings(work / f'ours_{precision}')}")
-    return settings
+    hf = work / "hf"
+    if part == "hf":
+        llama_folder(hf, size)
+        return
+    builder(hf, work / f"builder_{part}", part)
+    settings = matmul_settings(work / f"builder_{part}")
+    if settings["bits"] != BITS[part]:
+        raise RuntimeError(f"the builder's -p {part} wrote {settings}")
+    ours(hf, work / f"ours_{part}", part, settings)
+    if matmul_settings(work / f"ours_{part}") != settings:
+        raise RuntimeError(f"ours {part}: {matmul_settings(work / f'ours_{part}')}")
+    (work / f"settings_{part}.json").write_text(json.dumps(settings))
 
 
-def one_thread(folder: Path) -> None:
-    """Sets the decoder session's intra-op threads to 1 in `genai_config.json`."""
+def one_thread(folder: Path, arena: bool = True) -> None:
+    """Sets the decoder session's intra-op threads to 1 in `genai_config.json`, and its CPU
+    memory arena on or off (each session's arena keeps its largest step: the prompt's logits,
+    batch 4 x 900 x 32000 floats at 124M; five sessions took the process to 4.8 GB)."""
     path = folder / "genai_config.json"
     config = json.loads(path.read_text())
     options = config["model"]["decoder"].setdefault("session_options", {})
     options["intra_op_num_threads"] = 1
     options["inter_op_num_threads"] = 1
+    options["enable_cpu_mem_arena"] = arena
     path.write_text(json.dumps(config, indent=2))
 
 
@@ -236,7 +242,9 @@ def shuffled(names) -> list:
     return random.sample(list(names), len(names))
 
 
-def run_size(size: str, batches, positions, rounds: int, keep: Path | None) -> dict:
+def run_size(
+    size: str, batches, positions, rounds: int, keep: Path | None, arena: bool = False
+) -> dict:
     """Writes the size's files (under `keep / size`, kept and reused, or a temporary
     folder), then times every batch and position."""
     import onnxruntime_genai as og
@@ -247,7 +255,10 @@ def run_size(size: str, batches, positions, rounds: int, keep: Path | None) -> d
     if not (work / "settings.json").exists():
         began = time.perf_counter()
         command = [sys.executable, "-m", "benchmarks.quantized_decode", "--write", size, str(work)]
-        subprocess.run(command, check=True)
+        for part in ("hf", *BITS):
+            subprocess.run([*command, part], check=True)
+        settings = {p: json.loads((work / f"settings_{p}.json").read_text()) for p in BITS}
+        (work / "settings.json").write_text(json.dumps(settings))
         print(f"{size}: written in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     settings = json.loads((work / "settings.json").read_text())
     names = [f"{who}_{p}" for p in BITS for who in ("ours", "builder")]
@@ -255,7 +266,7 @@ def run_size(size: str, batches, positions, rounds: int, keep: Path | None) -> d
     models = {}
     for name in shuffled([*names, "builder_int4_again"]):  # loaded in a random order
         folder = work / name.removesuffix("_again")
-        one_thread(folder)
+        one_thread(folder, arena)
         models[name] = og.Model(str(folder))
     for batch in batches:
         for position in positions:
@@ -278,14 +289,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="21M, batch 1, position ~100")
     parser.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
+    parser.add_argument(
+        "--arena", action="store_true", help="onnxruntime's CPU memory arena on (4.8 GB at 124M)"
+    )
     parser.add_argument("--keep", type=Path, help="write the files under KEEP/<size>, reuse them")
-    parser.add_argument("--write", nargs=2, metavar=("SIZE", "FOLDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--write", nargs=3, help=argparse.SUPPRESS)  # SIZE FOLDER PART
     args = parser.parse_args(argv)
     if args.write:
-        size, folder = args.write
-        settings = write(size, Path(folder))
-        (Path(folder) / "settings.json").write_text(json.dumps(settings))
-        return settings
+        size, folder, part = args.write
+        write(size, Path(folder), part)
+        return {}
     sizes, batches, positions = (
         (["21M"], [1], [100]) if args.quick else (args.sizes, [1, 4], [100, 900])
     )
@@ -293,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for size in sizes:
         results[size] = run_size(
-            size, batches, positions, 3 if args.quick else args.rounds, args.keep
+            size, batches, positions, 3 if args.quick else args.rounds, args.keep, args.arena
         )
         sizes_of = results[size]["bytes"]
         for precision in BITS:
