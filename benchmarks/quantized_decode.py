@@ -8,10 +8,11 @@ and `accuracy_level` the builder's `MatMulNBits` nodes carry (read from its file
 part is written by a child process of its own (its memory given back before the next).
 
 Timed through `og.Generator` (1 intra-op thread), per batch (1, 4) and position (~100,
-~900): every file's generator is given the same random prompt once, then each round
-(the files in a random order) times the next `TOKENS` tokens of each, so that a round
-times the same positions in every file (`og.Generator` rewinds only batch 1; the
-positions move by `TOKENS` a round: 100-196 and 900-996 at 15 rounds). Reported: the
+~900), in a process per group (`GROUPS`: the int4 files, the int8 files) that loads its
+files in a random order: every file's generator is given the same random prompt once,
+then each round (the files in a random order) times the next `TOKENS` tokens of each, so
+that a round times the same positions in every file (`og.Generator` rewinds only batch 1;
+the positions move by `TOKENS` a round: 100-196 and 900-996 at 15 rounds). Reported: the
 bytes of each folder's ONNX files (with their external data), the median ms/token, and
 the median over rounds of ours / the builder's ms/token, per bits, each in wall time and
 in the CPU time of the thread that runs the session (`timed_round`; on a shared,
@@ -68,6 +69,12 @@ PAIRS = {
     "int4": ("ours_int4", "builder_int4"),
     "int8": ("ours_int8", "builder_int8"),
     "A/A": ("builder_int4_again", "builder_int4"),
+}
+# The files timed together, one process each (five generators at once at batch 4, position
+# 900 took one process to 4.8 GB at 124M).
+GROUPS = {
+    "int4": ("ours_int4", "builder_int4", "builder_int4_again"),
+    "int8": ("ours_int8", "builder_int8"),
 }
 
 
@@ -233,6 +240,8 @@ def cell(models: dict, batch: int, position: int, rounds: int, vocabulary: int) 
     for clock, at in (("wall", 0), ("cpu", 1)):
         row[clock] = {name: statistics.median(t[at] for t in times[name]) for name in models}
         for pair, (ours_name, theirs) in PAIRS.items():
+            if ours_name not in times:
+                continue
             pairs = zip(times[ours_name], times[theirs], strict=True)
             row[clock][f"ratio {pair}"] = statistics.median(a[at] / b[at] for a, b in pairs)
     return row
@@ -246,9 +255,7 @@ def run_size(
     size: str, batches, positions, rounds: int, keep: Path | None, arena: bool = True
 ) -> dict:
     """Writes the size's files (under `keep / size`, kept and reused, or a temporary
-    folder), then times every batch and position."""
-    import onnxruntime_genai as og
-
+    folder), then times every batch and position, a child process per group of files."""
     work = (
         Path(tempfile.mkdtemp(prefix=f"quantized_decode_{size}_")) if keep is None else keep / size
     )
@@ -263,23 +270,46 @@ def run_size(
     settings = json.loads((work / "settings.json").read_text())
     names = [f"{who}_{p}" for p in BITS for who in ("ours", "builder")]
     result = {"settings": settings, "bytes": {n: onnx_bytes(work / n) for n in names}}
+    command = [sys.executable, "-m", "benchmarks.quantized_decode", "--rounds", str(rounds)]
+    command += ["--batches", *map(str, batches), "--positions", *map(str, positions)]
+    command += [] if arena else ["--no-arena"]
+    for group in GROUPS:
+        subprocess.run([*command, "--time", size, str(work), group], check=True)
+    for batch in batches:
+        for position in positions:
+            key, row = f"batch {batch}, position {position}", {"wall": {}, "cpu": {}}
+            for group in GROUPS:
+                timed = json.loads((work / f"times_{group}.json").read_text())[key]
+                for clock in row:
+                    row[clock].update(timed[clock])
+            result[key] = row
+            report_cell(size, batch, position, row)
+    return result
+
+
+def time_group(size: str, work: Path, group: str, batches, positions, rounds, arena) -> None:
+    """Times one group's files in this process; writes `work/times_<group>.json`."""
+    import onnxruntime_genai as og
+
     models = {}
-    for name in shuffled([*names, "builder_int4_again"]):  # loaded in a random order
+    for name in shuffled(GROUPS[group]):  # loaded in a random order
         folder = work / name.removesuffix("_again")
         one_thread(folder, arena)
         models[name] = og.Model(str(folder))
+    result = {}
     for batch in batches:
         for position in positions:
             row = cell(models, batch, position, rounds, SIZES[size]["vocab_size"])
             result[f"batch {batch}, position {position}"] = row
-            report_cell(size, batch, position, row)
-    return result
+    (work / f"times_{group}.json").write_text(json.dumps(result))
 
 
 def report_cell(size: str, batch: int, position: int, row: dict) -> None:
     for clock, times in row.items():
         ms = "  ".join(f"{n} {times[n]:.3f}" for n in times if not n.startswith("ratio"))
-        ratios = "  ".join(f"{p} {times[f'ratio {p}']:.3f}x" for p in PAIRS)
+        ratios = "  ".join(
+            f"{p} {times[f'ratio {p}']:.3f}x" for p in PAIRS if f"ratio {p}" in times
+        )
         where = f"{size} batch {batch}, position {position}, {clock}"
         print(f"{where} ms/token: {ms}; ours / builder {ratios}")
 
@@ -294,7 +324,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--keep", type=Path, help="write the files under KEEP/<size>, reuse them")
     parser.add_argument("--write", nargs=3, help=argparse.SUPPRESS)  # SIZE FOLDER PART
+    parser.add_argument("--time", nargs=3, help=argparse.SUPPRESS)  # SIZE FOLDER GROUP
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 4], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--positions", nargs="+", type=int, default=[100, 900], help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
+    if args.time:
+        size, folder, group = args.time
+        time_group(size, Path(folder), group, args.batches, args.positions, args.rounds, args.arena)
+        return {}
     if args.write:
         size, folder, part = args.write
         write(size, Path(folder), part)
