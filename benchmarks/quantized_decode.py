@@ -78,8 +78,9 @@ GROUPS = {
 }
 
 
-def llama_folder(folder: Path, size: str = "21M") -> Path:
-    """A random-weight transformers Llama saved as safetensors, its config and a tokenizer."""
+def llama_folder(folder: Path, tied: bool = False, size: str = "21M") -> Path:
+    """A random-weight transformers Llama of `SIZES[size]` saved as safetensors, its config
+    and a tokenizer (`tied`: the head is the embedding table, as on main's `--part standard`)."""
     import torch
     import transformers
 
@@ -87,7 +88,7 @@ def llama_folder(folder: Path, size: str = "21M") -> Path:
     config = transformers.LlamaConfig(
         **SIZES[size],
         max_position_embeddings=MAX_LENGTH,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=1,
         eos_token_id=2,
     )
@@ -163,7 +164,7 @@ def write(size: str, work: Path, part: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     hf = work / "hf"
     if part == "hf":
-        llama_folder(hf, size)
+        llama_folder(hf, size=size)
         return
     builder(hf, work / f"builder_{part}", part)
     settings = matmul_settings(work / f"builder_{part}")
