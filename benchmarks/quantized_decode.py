@@ -80,7 +80,7 @@ GROUPS = {
 
 def llama_folder(folder: Path, tied: bool = False, size: str = "21M") -> Path:
     """A random-weight transformers Llama of `SIZES[size]` saved as safetensors, its config
-    and a tokenizer (`tied`: the head is the embedding table, as on main's `--part standard`)."""
+    and a tokenizer (`tied`: the head is the embedding table)."""
     import torch
     import transformers
 
