@@ -256,15 +256,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed (64)")
     parser.add_argument(
         "--part",
-        choices=("all", "floor", "litert", "xla"),
+        choices=("all", "floor", "litert", "quantized", "xla"),
         default="all",
         help="floor: the exported step (GQA and standard-op graphs) against the genai-style "
         "GQA graph (decode_floor.py); litert: the LiteRT step against the Keras XLA step, and "
-        "that against the GQA graph (decode_litert.py); xla: the Keras XLA step against "
-        "keras_hub",
+        "that against the GQA graph (decode_litert.py); quantized: int4 / int8 files against "
+        "the onnxruntime-genai builder's through og.Generator (quantized_decode.py, not in "
+        "all); xla: the Keras XLA step against keras_hub",
     )
-    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds (floor, litert)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds (floor, litert: 40; quantized: 15)",
+    )
+    parser.add_argument("--quick", action="store_true", help="quantized: one size, batch 1, ~100")
     args = parser.parse_args(argv)
+    if args.part == "quantized":
+        from benchmarks import quantized_decode
+
+        options = ["--rounds", str(args.rounds or 15)] + ["--quick"] * args.quick
+        return {"quantized": quantized_decode.main(options)}
+    args.rounds = args.rounds or 40
     results = {}
     if args.part in ("all", "floor"):
         from benchmarks import decode_floor

@@ -109,6 +109,29 @@ def test_tiny_llama_continuation_reference():
 
 
 # --------------------------------------------------------------------------------------
+# int4_llama
+
+
+def test_int4_llama_is_verified_and_og_picks_the_left_padded_batchs_tokens():
+    int4_llama = load_example("int4_llama")
+    results = int4_llama.main(["--tiny"])
+    # save_decoder's verification: the file's bytes with float arithmetic against the Keras
+    # model holding the dequantized weights, and the file as written within the bound of
+    # its int8 activations (docs/quantization.md).
+    genai = importlib.util.find_spec("onnxruntime_genai") is not None
+    verified = {"onnxruntime": True, "onnxruntime, accuracy_level 0": True}
+    verified.update({"onnxruntime-genai": True} if genai else {})
+    assert results["verified"] == verified
+    # The projections and head at 4 bits with a float32 scale per 32 (0.16x their float32);
+    # the embedding, norms and RoPE tables stay float32: 0.32x in all at the tiny size.
+    assert results["int4_bytes"] < 0.4 * results["float32_weight_bytes"]
+    if genai:  # each prompt alone through og.Generator, the same as the padded batch
+        np.testing.assert_array_equal(results["genai_tokens"], results["onnx_tokens"])
+    else:
+        assert results["genai_tokens"] is None
+
+
+# --------------------------------------------------------------------------------------
 # plot_encodings (the data; drawing needs matplotlib, an optional extra)
 
 

@@ -9,7 +9,8 @@ cache (`seqlens_k = sum(attention_mask) - 1`), and in a prompt (the first call, 
 sequence as long as the mask) the tokens after them as padding: a right-padded prompt.
 The genai interface pads prompts on the left, so the graph turns the new tokens of each
 row around (`GatherElements` by `(j + pad) mod sequence`, `pad` the row's zeros among
-the new tokens, found as the first 1) before the embedding and back after the last norm.
+the new tokens, found as the first 1) before the embedding and back after the last norm
+(`GatherND` by `(j - pad) mod sequence`).
 A right-padded prompt (what onnxruntime-genai itself feeds) and a decode step have
 `pad = 0` and are left as they are. A row's cache then holds its
 tokens from slot 0, and a token's position is the count of 1s before it in its row of
@@ -106,8 +107,7 @@ class GqaAttention:
             ],
         )
         # The first real token of each row (0 for a right-padded or unpadded row).
-        first = g.node("ArgMax", [g.node("Cast", [new_mask], to=6)], axis=1, keepdims=1)
-        pad = first  # (B, 1)
+        pad = g.node("ArgMax", [g.node("Cast", [new_mask], to=6)], axis=1, keepdims=1)  # (B, 1)
         columns = g.node(
             "Range",
             [
@@ -116,15 +116,18 @@ class GqaAttention:
                 g.constant(1, i64),
             ],
         )
+        # ONNX's integer Mod (fmod=0) takes the divisor's sign: both indices are in [0, S).
         packed = g.node("Mod", [g.node("Add", [columns, pad]), length])
-        back = g.node("Mod", [g.node("Add", [g.node("Sub", [columns, pad]), length]), length])
+        back = g.node("Mod", [g.node("Sub", [columns, pad]), length])
         self._back = g.node("Unsqueeze", [back, g.constant([2], i64)])  # (B, S, 1)
         return g.node("GatherElements", [input_ids, packed], axis=1)
 
     def finish(self, g: GraphBuilder, hidden: str) -> str:
-        """The hidden states `(batch, sequence, width)` back in the order of the inputs."""
-        index = g.node("Expand", [self._back, g.node("Shape", [hidden])])
-        return g.node("GatherElements", [hidden, index], axis=1)
+        """The hidden states `(batch, sequence, width)` back in the order of the inputs: row
+        b's vector s is its vector `back[b, s]` (GatherND copies whole vectors, with no
+        index expanded to the hidden states' shape). The nodes of `prepare` and this one are
+        all a decode step has that the builder's graph has not (docs/quantization.md)."""
+        return g.node("GatherND", [hidden, self._back], batch_dims=1)
 
     def _cos_sin(self, g: GraphBuilder, rope) -> tuple[str, str]:
         if id(rope) not in self._tables:
