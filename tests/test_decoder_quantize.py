@@ -209,7 +209,7 @@ def test_a_tampered_file_fails_the_verification(tmp_path, level):
         ({"quantize": "int4", "block_size": 8}, ValueError, "power of 2"),
         ({"quantize": "int4", "accuracy_level": 5}, ValueError, "accuracy_level"),
         ({"quantize": "int4", "attention": "standard"}, ExportError, "not yet supported"),
-        ({"quantize": "int8", "formats": ("onnx", "litert")}, ExportError, "not yet supported"),
+        ({"quantize": "int8", "formats": ("onnx", "litert")}, ExportError, "cannot verify both"),
         ({"quantize": "int4", "block_size": 128}, ExportError, "not a multiple of block_size"),
     ],
 )
