@@ -28,6 +28,7 @@ from keras_posenc.export.decoder.progress import Progress
 from keras_posenc.export.decoder.quantize import dequantize, quantize, unpacked
 from keras_posenc.export.decoder.quantized_graph import litert_quantization
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
+from keras_posenc.export.errors import ExportError
 
 QUANTIZATIONS = {"int8": litert_quantization(8, 32), "int4": litert_quantization(4, 32)}
 
@@ -247,3 +248,11 @@ def test_a_keras_hub_llama_exports_to_litert_quantized_and_verified(tmp_path, mo
     assert report["passed"]
     content = (tmp_path / "q" / "model.tflite").read_bytes()
     assert len(_quantized_weights(content)) == 2 * 7 + 1
+
+
+def test_a_mixture_of_experts_is_refused_for_a_quantized_litert_file(tmp_path):
+    from keras_hub_models import tiny_gpt_oss
+
+    with pytest.raises(ExportError, match="mixture-of-experts MLP is not supported in a LiteRT"):
+        _save(tiny_gpt_oss(), tmp_path / "q", formats=("litert",), quantize="int8")
+    assert not (tmp_path / "q").exists()
