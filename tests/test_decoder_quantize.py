@@ -213,7 +213,7 @@ def test_a_tampered_file_fails_the_verification(tmp_path, level):
             ExportError,
             "carries no accuracy level",
         ),
-        ({"quantize": "int8", "formats": ("onnx", "litert")}, ExportError, "not yet supported"),
+        ({"quantize": "int8", "formats": ("onnx", "litert")}, ExportError, "cannot verify both"),
         ({"quantize": "int4", "block_size": 128}, ExportError, "not a multiple of block_size"),
     ],
 )

@@ -72,9 +72,10 @@ def cache_names(layers: list[int]) -> list[str]:
 class DecoderModule(tf.Module):
     """The `prefill` and `decode` functions of a `Decoder` (see the module docstring)."""
 
-    def __init__(self, decoder: Decoder):
+    def __init__(self, decoder: Decoder, unfolded_norms: bool = False):
         super().__init__(name="decoder")
         self.decoder = decoder
+        self.unfolded_norms = unfolded_norms
         self.slots = decoder.max_length
         self.cached = decoder.cached_layers()
         self.prefill = tf.function(self._step, input_signature=self._specs(None), autograph=False)
@@ -96,9 +97,16 @@ class DecoderModule(tf.Module):
             ],
         ]
 
-    @staticmethod
-    def _norm(x, norm: Norm):
+    # A quantized file's norms keep their scale out of the next weight (`_norm`).
+    unfolded_norms = False
+
+    def _norm(self, x, norm: Norm):
         variance = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
+        if self.unfolded_norms:
+            # The converter folds `(x * r) * scale` into the next FULLY_CONNECTED's weight
+            # (`diag(scale) @ W`, which is not the weight quantized); `x * (r * scale)`
+            # multiplies by no constant, so the weight stays the kernel.
+            return x * (tf.math.rsqrt(variance + norm.epsilon) * norm.scale)
         return x * tf.math.rsqrt(variance + norm.epsilon) * norm.scale
 
     def _rotate(self, x, rope: Rope, cos_rows, sin_rows):
@@ -329,12 +337,29 @@ class DecoderModule(tf.Module):
         return {"logits": logits, **dict(zip(names, written, strict=True))}
 
 
-def decoder_litert(decoder: Decoder) -> bytes:
-    """The `.tflite` bytes of `decoder` (see the module docstring), built-in ops only.
+def decoder_litert(decoder: Decoder, quantization=None) -> bytes:
+    """The `.tflite` bytes of `decoder` (see the module docstring), built-in ops only;
+    with `quantization` (a `quantized_graph.Quantization`), its projections' weights int8
+    or int4 (`litert_quantize.py`).
 
     Raises:
         ExportError: the converter failed, or the file would need a Flex op.
     """
+    if quantization is not None:
+        from keras_posenc.export.decoder.litert_quantize import quantized_litert
+        from keras_posenc.export.decoder.quantized_graph import (
+            quantized_kernels,
+            refuse_unquantizable,
+        )
+
+        refuse_unquantizable(decoder, quantization)
+        kernels = quantized_kernels(decoder)
+        return quantized_litert(_converted(decoder, True), kernels, quantization)
+    return _converted(decoder, False)
+
+
+def _converted(decoder: Decoder, unfolded_norms: bool) -> bytes:
+    """`DecoderModule(decoder, unfolded_norms)` converted, built-in ops only."""
     from keras_posenc.export.litert import litert_ops
     from keras_posenc.export.quiet import converter_output
 
@@ -342,7 +367,7 @@ def decoder_litert(decoder: Decoder) -> bytes:
         converter_output("tensorflow", "absl"),
         tempfile.TemporaryDirectory(prefix="keras_posenc_decoder_") as folder,
     ):
-        module = DecoderModule(decoder)
+        module = DecoderModule(decoder, unfolded_norms)
         signatures = {name: getattr(module, name).get_concrete_function() for name in SIGNATURES}
         tf.saved_model.save(module, folder, signatures=signatures)
         converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=SIGNATURES)

@@ -153,10 +153,12 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
         return (folder / "model.litertlm").read_bytes()
 
 
-def litertlm_file(model, plan: BundlePlan) -> bytes:
-    """The `.litertlm` bytes of keras_hub CausalLM `model` (`plan` from `litertlm_plan`)."""
+def litertlm_file(model, plan: BundlePlan, quantization=None) -> bytes:
+    """The `.litertlm` bytes of keras_hub CausalLM `model` (`plan` from `litertlm_plan`;
+    `quantization` a `quantized_graph.Quantization` or None)."""
     from keras_posenc import keras_hub as bridge
     from keras_posenc.export.decoder.litertlm_model import decoder_litertlm_tflite
 
     decoder = bridge.describe_causal_lm(model, plan.cache_slots)
-    return litertlm_bundle(decoder_litertlm_tflite(decoder, plan.prefill_lengths), plan)
+    tflite = decoder_litertlm_tflite(decoder, plan.prefill_lengths, quantization)
+    return litertlm_bundle(tflite, plan)

@@ -40,9 +40,10 @@ def checked_prefill_lengths(prefill_lengths, max_length: int) -> tuple[int, ...]
 class StaticDecoderModule(DecoderModule):
     """`prefill_<n>` for each of `lengths` and `decode`, batch 1 everywhere."""
 
-    def __init__(self, decoder: Decoder, lengths: tuple[int, ...]):
+    def __init__(self, decoder: Decoder, lengths: tuple[int, ...], unfolded_norms: bool = False):
         tf.Module.__init__(self, name="decoder")
         self.decoder = decoder
+        self.unfolded_norms = unfolded_norms
         self.slots = decoder.max_length
         self.cached = decoder.cached_layers()
         self.functions = {
@@ -60,22 +61,40 @@ class StaticDecoderModule(DecoderModule):
         ]
 
 
-def decoder_litertlm_tflite(decoder: Decoder, prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> bytes:
-    """The `.tflite` bytes of `decoder` as LiteRT-LM runs it (module docstring).
+def decoder_litertlm_tflite(
+    decoder: Decoder, prefill_lengths=DEFAULT_PREFILL_LENGTHS, quantization=None
+) -> bytes:
+    """The `.tflite` bytes of `decoder` as LiteRT-LM runs it (module docstring); with
+    `quantization`, its projections' weights int8 or int4 (`litert_quantize.py`).
 
     Raises:
         ExportError: the converter failed, or the file would need a Flex op.
         ValueError: `prefill_lengths` is not a choice of lengths within the cache.
     """
+    lengths = checked_prefill_lengths(prefill_lengths, decoder.max_length)
+    if quantization is not None:
+        from keras_posenc.export.decoder.litert_quantize import quantized_litert
+        from keras_posenc.export.decoder.quantized_graph import (
+            quantized_kernels,
+            refuse_unquantizable,
+        )
+
+        refuse_unquantizable(decoder, quantization)
+        tflite = _converted(decoder, lengths, unfolded_norms=True)
+        return quantized_litert(tflite, quantized_kernels(decoder), quantization)
+    return _converted(decoder, lengths, unfolded_norms=False)
+
+
+def _converted(decoder: Decoder, lengths: tuple[int, ...], unfolded_norms: bool) -> bytes:
+    """`StaticDecoderModule(decoder, lengths, unfolded_norms)` converted, built-in ops only."""
     from keras_posenc.export.litert import litert_ops
     from keras_posenc.export.quiet import converter_output
 
-    lengths = checked_prefill_lengths(prefill_lengths, decoder.max_length)
     with (
         converter_output("tensorflow", "absl"),
         tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder,
     ):
-        module = StaticDecoderModule(decoder, lengths)
+        module = StaticDecoderModule(decoder, lengths, unfolded_norms)
         signatures = {name: f.get_concrete_function() for name, f in module.functions.items()}
         tf.saved_model.save(module, folder, signatures=signatures)
         converter = tf.lite.TFLiteConverter.from_saved_model(

@@ -10,6 +10,13 @@ zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8b
 
 Stored: `B` uint8 `(N, K / block_size, block_size * bits / 8)` (4 bits: two per byte,
 the lower K index in the low nibble), `scales` float32 `(N, K / block_size)`.
+
+LiteRT's rule (`rule="litert"`, what its kernels take; docs/quantization.md): the scale
+is positive, `max|w| / (2^(bits-1) - 1)` (XNNPACK refuses a negative one), rounded to
+float16 for 4 bits (LiteRT's blockwise scales are a float16 tensor), and `q - zero` lies
+in `[-(2^(bits-1) - 1), 2^(bits-1) - 1]` (symmetric, "narrow range"). The same record
+holds it (`q` with `zero = 2^(bits-1)`), so `dequantize` is the one formula for both.
+`block_size=None` is one block per output channel (K): LiteRT's int8 per channel.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 
 QUANTIZE_MODES = {"int4": 4, "int8": 8}
 MIN_BLOCK = 16
+RULES = ("mlas", "litert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,33 +62,59 @@ def check_block_size(block_size) -> int:
     return int(block_size)
 
 
-def _integers(kernel: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
+def _blocks(kernel: np.ndarray, block_size: int | None) -> np.ndarray:
+    """`kernel` `(K, N)` as float32 blocks `(N, K / block_size, block_size)`."""
     k, n = kernel.shape
+    block_size = k if block_size is None else block_size
     if k % block_size:
         raise ValueError(f"K={k} is not a multiple of block_size={block_size}.")
-    blocks = np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    return np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.floor(np.abs(x.astype(np.float64)) + 0.5) * np.sign(x)
+
+
+def _integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """MLAS's `(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
     largest = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
     zero = np.float32(1 << (bits - 1))
     scales = (largest / -zero).astype(np.float32)
     with np.errstate(divide="ignore"):
         reciprocal = np.where(scales != 0, np.float32(1) / scales, np.float32(0))
     shifted = (blocks * reciprocal[..., None]).astype(np.float32) + zero  # float32, as MLAS
-    rounded = np.floor(np.abs(shifted.astype(np.float64)) + 0.5) * np.sign(shifted)
-    q = np.clip(rounded, 0, (1 << bits) - 1).astype(np.uint8)
+    q = np.clip(_round_half_away(shifted), 0, (1 << bits) - 1).astype(np.uint8)
     return q, scales
 
 
-def quantize(kernel: np.ndarray, bits: int, block_size: int) -> Quantized:
-    """`kernel` `(K, N)` symmetric round-to-nearest, blockwise along K (module docstring)."""
-    q, scales = _integers(kernel, bits, block_size)
+def _litert_integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """LiteRT's `(q, scales)`: positive scales, narrow range, float16 scales at 4 bits."""
+    top = (1 << (bits - 1)) - 1
+    scales = (np.abs(blocks).max(-1) / np.float32(top)).astype(np.float32)
+    if bits == 4:
+        scales = scales.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scales[..., None] != 0, blocks / scales[..., None], 0)
+    signed = np.clip(_round_half_away(ratio), -top, top)
+    return (signed + (1 << (bits - 1))).astype(np.uint8), scales
+
+
+def quantize(
+    kernel: np.ndarray, bits: int, block_size: int | None, rule: str = "mlas"
+) -> Quantized:
+    """`kernel` `(K, N)` symmetric round-to-nearest, blockwise along K (module docstring):
+    `rule` "mlas" (MatMulNBits') or "litert"; `block_size` None: one block per column."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
+    blocks = _blocks(kernel, block_size)
+    q, scales = (_integers if rule == "mlas" else _litert_integers)(blocks, bits)
     if bits == 4:
         packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
     elif bits == 8:
         packed = q
     else:
         raise ValueError(f"bits must be 4 or 8, got {bits!r}.")
-    return Quantized(packed, scales, bits, block_size)
+    return Quantized(packed, scales, bits, blocks.shape[-1])
 
 
 def unpacked(quantized: Quantized) -> np.ndarray:
@@ -100,6 +134,8 @@ def dequantize(quantized: Quantized) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n, k).T)
 
 
-def round_trip(kernel: np.ndarray, bits: int, block_size: int) -> np.ndarray:
+def round_trip(
+    kernel: np.ndarray, bits: int, block_size: int | None, rule: str = "mlas"
+) -> np.ndarray:
     """`dequantize(quantize(kernel))`: the float32 weight a quantized file computes with."""
-    return dequantize(quantize(kernel, bits, block_size))
+    return dequantize(quantize(kernel, bits, block_size, rule))

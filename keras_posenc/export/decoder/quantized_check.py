@@ -68,11 +68,8 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
         ExportError: a quantized kernel of the description that no variable of `model`
             holds (the reference could not be made).
     """
-    named = quantized_kernels(decoder)
-    kernels = [
-        (kernel, round_trip(kernel, quantization.bits, quantization.block_size))
-        for _, kernel in named
-    ]
+    named, q = quantized_kernels(decoder), quantization
+    kernels = [(kernel, round_trip(kernel, q.bits, q.block_size, q.rule)) for _, kernel in named]
     changes, found, table = [], set(), _fingerprints(kernels)
     for variable in model.weights:
         if not keras.backend.is_float_dtype(variable.dtype):

@@ -28,17 +28,23 @@ from keras_posenc.export.decoder.quantized_standard import (
 from keras_posenc.export.errors import ExportError
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+# LiteRT's blockwise FULLY_CONNECTED takes blocks that are multiples of this.
+LITERT_BLOCK = 32
 
 
 @dataclasses.dataclass(frozen=True)
 class Quantization:
     """What `save_decoder(quantize=...)` asked for: `bits`, `block_size`, and
     MatMulNBits' `accuracy_level` (0/1: float32 arithmetic on the dequantized weights;
-    4: int8 activations, onnxruntime's CPU fast path, the builder's choice)."""
+    4: int8 activations, onnxruntime's CPU fast path, the builder's choice); `rule`
+    `quantize.py`'s ("mlas" for ONNX, "litert" for LiteRT files, whose kernels always
+    round activations to int8: no `accuracy_level` (None) there, and `block_size` None is
+    int8 per output channel)."""
 
     bits: int
-    block_size: int
-    accuracy_level: int
+    block_size: int | None
+    accuracy_level: int | None
+    rule: str = "mlas"
 
 
 def checked_quantization(
@@ -48,8 +54,8 @@ def checked_quantization(
 
     Raises:
         ValueError: a mode, block size or accuracy level the runtime does not take.
-        ExportError: a combination not written yet (LiteRT), or an accuracy level other
-            than 4 with standard ops (the file carries none: see below).
+        ExportError: ONNX and LiteRT in one call (they store other integers), or an
+            accuracy level other than 4 with standard ops (the file carries none).
     """
     if quantize_mode is None:
         return None
@@ -64,6 +70,9 @@ def checked_quantization(
             f"accuracy_level must be one of {ACCURACY_LEVELS} (MatMulNBits' attribute), got "
             f"{accuracy_level!r}."
         )
+    bits = QUANTIZE_MODES[quantize_mode]
+    if "onnx" not in formats:
+        return litert_quantization(bits, block_size)
     if attention == "standard" and accuracy_level != 4:
         raise ExportError(
             f"accuracy_level={accuracy_level!r} with attention='standard': the standard-op "
@@ -73,10 +82,25 @@ def checked_quantization(
         )
     if any(kind != "onnx" for kind in formats):
         raise ExportError(
-            f"quantize={quantize_mode!r} with formats={formats!r} is not yet supported: "
-            "quantized files are written as ONNX only (formats=('onnx',))."
+            f"quantize={quantize_mode!r} with formats={formats!r} is not supported: ONNX and "
+            "LiteRT store other integers (MatMulNBits' scales keep their sign, LiteRT's are "
+            "positive), so one reference cannot verify both; export each on its own."
         )
-    return Quantization(QUANTIZE_MODES[quantize_mode], block_size, int(accuracy_level))
+    return Quantization(bits, block_size, int(accuracy_level))
+
+
+def litert_quantization(bits: int, block_size: int) -> Quantization:
+    """The `Quantization` of a LiteRT / LiteRT-LM file: int8 per output channel (LiteRT's
+    dynamic-range FULLY_CONNECTED has no int8 blocks: `block_size` is not used), int4 in
+    blocks of `block_size`, a multiple of 32 (LiteRT's blockwise kernel's rule)."""
+    if bits == 8:
+        return Quantization(8, None, None, rule="litert")
+    if block_size % LITERT_BLOCK:
+        raise ValueError(
+            f"block_size must be a multiple of {LITERT_BLOCK} for a LiteRT int4 file "
+            f"(LiteRT's blockwise FULLY_CONNECTED), got {block_size}."
+        )
+    return Quantization(4, block_size, None, rule="litert")
 
 
 def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
@@ -109,6 +133,13 @@ def refuse_unquantizable(decoder, quantization: Quantization, attention: str = "
             "attention='gqa', or quantize=None."
         )
     block = quantization.block_size
+    if quantization.rule == "litert" and any(b.mlp.kind == "moe" for b in decoder.blocks):
+        raise ExportError(
+            "quantize with a mixture-of-experts MLP is not supported in a LiteRT file (QMoE "
+            "is ONNX's); export it with quantize=None, or as ONNX."
+        )
+    if block is None:  # one block per output channel: any K
+        return
     refuse_unblockable_experts(decoder, block)
     for name, kernel in quantized_kernels(decoder):
         if kernel.shape[0] % block:

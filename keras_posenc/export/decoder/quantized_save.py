@@ -41,6 +41,10 @@ def int8_activations(quantization, moe_layers: int) -> bool:
     )
 
 
+# The LiteRT file's bytes, dequantized, in float32 (`litert_float_arithmetic_runtime`).
+LITERT_FLOAT_RUNTIME = "litert, float arithmetic"
+
+
 def float_arithmetic_runtime(path, max_length: int, quantization, slot=None) -> dict:
     """`{FLOAT_RUNTIME: greedy}` for a file with int8 activations (`int8_activations`):
     the same file, every MatMulNBits and QMoE set to accuracy_level 0 (8-bit QMoE through
@@ -65,6 +69,53 @@ def _int8_experts(path, quantization) -> int:
 
     graph = onnx.load(path, load_external_data=False).graph
     return sum(node.op_type == "QMoE" for node in graph.node)
+
+
+def litert_float_arithmetic_runtime(path, quantization) -> dict:
+    """`{LITERT_FLOAT_RUNTIME: greedy}` for a quantized LiteRT file (`{}` otherwise): the
+    file with each int8 / int4 weight as the float32 its bytes dequantize to, judged to
+    float32 tolerance (LiteRT's kernels always round the activations to int8)."""
+    if quantization is None:
+        return {}
+
+    def greedy(prompts, mask, steps):
+        from keras_posenc.export.decoder.litert_quantize import float_arithmetic_litert
+        from keras_posenc.export.decoder.litert_runner import litert_greedy
+
+        content = float_arithmetic_litert(path.read_bytes())
+        return litert_greedy(content, prompts, mask, steps)
+
+    return {LITERT_FLOAT_RUNTIME: greedy}
+
+
+def check_quantized_litertlm(check, model, source, quantization, max_length: int) -> dict:
+    """`check()` (`litertlm_check.check_litertlm` of the bundle) run with `model` as the
+    reference (its quantized weights dequantized, `dequantized_weights`), its differing
+    texts judged by the reference's margin (`litertlm_quantized.judge_texts`)."""
+    from keras_posenc.export.decoder.litertlm_quantized import judge_texts
+    from keras_posenc.export.decoder.on_demand import on_demand
+
+    decoder = on_demand(source).describe()
+    chain, block = _chain(decoder), activation_block(decoder, quantization)
+    with dequantized_weights(model, decoder, quantization):
+        decoder = None  # the context holds it until it has made the reference's weights
+        result = judge_texts(check(), model, max_length, chain, block)
+    result["quantization"] = quantization_entry(quantization, block, bounded=True)
+    return result
+
+
+def _chain(decoder) -> int:
+    """The quantized MatMuls in series: each layer's attention and MLP, then the head."""
+    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
+    return 2 * layers + 1
+
+
+def activation_block(decoder, quantization) -> int:
+    """The inputs one int8 activation scale covers: MatMulNBits' block; a LiteRT row (its
+    kernels round each input row, the largest K of the quantized weights)."""
+    if quantization.rule == "mlas":
+        return quantization.block_size
+    return max(kernel.shape[0] for _, kernel in quantized_kernels(decoder))
 
 
 def _float_arithmetic(path, max_length: int):
@@ -120,18 +171,20 @@ def verify_quantized_decoder(
     layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
     experts = sum(block.mlp.kind == "moe" for block in decoder.blocks)
     bounded = int8_activations(quantization, experts)
-    if quantization.accuracy_level not in FLOAT_LEVELS:
+    if quantization.accuracy_level not in FLOAT_LEVELS:  # None (LiteRT) too
         chain = 2 * layers + 1  # each layer's attention and MLP, then the head
     else:
         chain = experts  # 8-bit QMoE alone: each mixture's branch
+    block = activation_block(decoder, quantization)
 
-    relative = activation_relative(chain, quantization.block_size) if bounded else 0.0
+    relative = activation_relative(chain, block) if bounded else 0.0
     # A mixture of experts' router ties, judged in the file's weights (quantized_routers.py).
     routers = dequantized_description(decoder, quantization) if experts else None
     releases = {}  # case name -> quantized_router_releases
 
     def judge(name, expected, got, case):
-        kind = "bound" if bounded and name != FLOAT_RUNTIME else "float"
+        float_runtime = name in (FLOAT_RUNTIME, LITERT_FLOAT_RUNTIME)
+        kind = "bound" if bounded and not float_runtime else "float"
         released = None
         if routers is not None:
             if case["name"] not in releases:
@@ -140,9 +193,7 @@ def verify_quantized_decoder(
                 )
             released = releases[case["name"]][kind][0]
         if kind == "bound":
-            return compare_with_bound(
-                expected, got, case["mask"], chain, quantization.block_size, released
-            )
+            return compare_with_bound(expected, got, case["mask"], chain, block, released)
         return compare_greedy(expected, got, case["mask"], released)
 
     cases = decoder_cases(source.vocabulary, length, window=source.window)
@@ -158,10 +209,18 @@ def verify_quantized_decoder(
         for kind, (_, ties) in both.items()
         for tie in ties
     ]
-    report["quantization"] = {
-        "bits": quantization.bits,
-        "block_size": quantization.block_size,
-        "accuracy_level": quantization.accuracy_level,
-        "judged": "int8-activation bound" if bounded else "float32 tolerance",
-    }
+    report["quantization"] = quantization_entry(quantization, block, bounded)
     return report
+
+
+def quantization_entry(quantization, block: int, bounded: bool) -> dict:
+    """The report's `"quantization"`: what was stored and how the file was judged
+    (`bounded`: against the int8-activation bound)."""
+    return {
+        "bits": quantization.bits,
+        "block_size": quantization.block_size,  # None: one scale per output channel
+        "accuracy_level": quantization.accuracy_level,  # None: LiteRT (int8 activations)
+        "rule": quantization.rule,
+        "judged": "int8-activation bound" if bounded else "float32 tolerance",
+        "activation_block": block,
+    }

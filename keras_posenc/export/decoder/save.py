@@ -58,12 +58,12 @@ def _onnx_runtime(path: Path, max_length: int):
     return lambda prompts, mask, steps: onnx_greedy(session, prompts, mask, steps, max_length)
 
 
-def decoder_litert(decoder) -> bytes:
+def decoder_litert(decoder, quantization=None) -> bytes:
     """`litert_decoder.decoder_litert`, imported when called: its module imports TensorFlow,
     and the ONNX export runs on every backend."""
     from keras_posenc.export.decoder import litert_decoder
 
-    return litert_decoder.decoder_litert(decoder)
+    return litert_decoder.decoder_litert(decoder, quantization)
 
 
 def litert_greedy(path: Path, prompts, mask, steps: int):
@@ -190,11 +190,13 @@ def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) ->
         files["genai_config.json"] = genai_config(decoder, **ids)
         files.update(tokenizer_files(model))
     if "litert" in formats:
-        files["model.tflite"] = decoder_litert(decoder)
+        quantization = attention[1]  # the float call unchanged, as `_onnx`'s
+        quantized = () if quantization is None else (quantization,)
+        files["model.tflite"] = decoder_litert(decoder, *quantized)
     if plan is not None:
         from keras_posenc.export.decoder.litertlm import litertlm_file  # imports TensorFlow
 
-        files["model.litertlm"] = litertlm_file(model, plan)
+        files["model.litertlm"] = litertlm_file(model, plan, attention[1])
     return files
 
 
@@ -240,11 +242,23 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
-        report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+        report["litertlm"] = _litertlm_result(path, model, plan, max_length, checked)
     report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
     return report
+
+
+def _litertlm_result(path: Path, model, plan, max_length: int, checked) -> dict:
+    """The engine's texts against keras_hub's (of the dequantized model for a quantized
+    bundle, `quantized_save.check_quantized_litertlm`)."""
+    quantization = checked[4]
+    check = functools.partial(check_litertlm, path, model, plan.prefill_lengths, max_length)
+    if quantization is None:
+        return check()
+    from keras_posenc.export.decoder.quantized_save import check_quantized_litertlm
+
+    return check_quantized_litertlm(check, model, checked[1], quantization, max_length)
 
 
 def _verify(
@@ -331,7 +345,10 @@ def _runtimes(
     int8 activations the same file with float arithmetic: `float_arithmetic_runtime`).
     The ONNX runtimes open at their first call, one at a time through `slot` (an
     `on_demand.OneAtATime`, or a new one): each holds the weights once more."""
-    from keras_posenc.export.decoder.quantized_save import float_arithmetic_runtime
+    from keras_posenc.export.decoder.quantized_save import (
+        float_arithmetic_runtime,
+        litert_float_arithmetic_runtime,
+    )
 
     runtimes, slot = {}, OneAtATime() if slot is None else slot
     if "onnx" in formats:
@@ -350,4 +367,5 @@ def _runtimes(
         runtimes["litert"] = lambda prompts, mask, steps: litert_greedy(
             tflite_path, prompts, mask, steps
         )
+        runtimes.update(litert_float_arithmetic_runtime(tflite_path, quantization))
     return runtimes
