@@ -27,7 +27,12 @@ from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.keras_reader import describe_decoder
-from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
+from keras_posenc.export.decoder.litertlm_check import (
+    check_litertlm,
+    keras_hub_text,
+    litertlm_failure,
+    step_model_text,
+)
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
@@ -86,6 +91,7 @@ def save_decoder(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     prefill_lengths: tuple[int, ...] | None = None,
+    tokenizer=None,
     external_data: bool | None = None,
     verbose: int = 1,
     quantize: str | None = None,
@@ -116,6 +122,8 @@ def save_decoder(
         verify: verify every file against Keras (`check.py`) before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
         prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
+        tokenizer: `model.litertlm`'s keras_hub tokenizer for a step model (a CausalLM's
+            is its preprocessor's).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
@@ -130,6 +138,10 @@ def save_decoder(
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
     formats, max_length = _checked(attention, formats, max_length, verify)
+    if "litertlm" in formats:  # before the model is described for max_length + padding
+        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
+
+        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
     quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
@@ -137,7 +149,7 @@ def save_decoder(
     progress.phase(f"describing the model (max_length {max_length})")
     with reporting(progress):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
-    plan = _plan(model, decoder, formats, max_length, prefill_lengths)
+    plan = _plan(model, decoder, formats, max_length, (prefill_lengths, tokenizer, slots))
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = _files(model, decoder, formats, (attention, quantization), plan, ids)
@@ -166,16 +178,23 @@ def _raise_if_failed(report: dict, folder) -> None:
         raise VerificationError(message, report)
 
 
-def _plan(model, decoder, formats, max_length: int, prefill_lengths):
+def _plan(model, decoder, formats, max_length: int, bundle: tuple):
     """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
-    file is written."""
+    file is written; `bundle` is `(prefill_lengths, tokenizer, slots)`, `slots` the cache
+    slots of the reference."""
+    prefill_lengths, tokenizer, slots = bundle
     if "litertlm" not in formats:
+        if tokenizer is not None:
+            raise ValueError("tokenizer= is written only into formats=('litertlm',)'s bundle.")
         return None
     from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
-    from keras_posenc.export.decoder.litertlm_model import DEFAULT_PREFILL_LENGTHS
 
-    lengths = DEFAULT_PREFILL_LENGTHS if prefill_lengths is None else prefill_lengths
-    return litertlm_plan(model, decoder.vocabulary, max_length, lengths)
+    if slots < max_length:
+        raise ValueError(
+            f"The step model's cache holds {slots} tokens and the bundle's check generates "
+            f"up to max_length ({max_length}): build it with max_length >= {max_length}."
+        )
+    return litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths, tokenizer)
 
 
 def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) -> dict:
@@ -196,6 +215,17 @@ def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) ->
 
         files["model.litertlm"] = litertlm_file(model, plan)
     return files
+
+
+def litertlm_reference(model, plan):
+    """`prompt -> text` the bundle's check compares with: keras_hub's `generate()`, or
+    Keras's greedy tokens of a step model in its tokenizer's text."""
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
+
+    if bridge.is_keras_hub_causal_lm(model):
+        return keras_hub_text(model, plan.max_length)
+    stops = plan.stop_tokens
+    return step_model_text(model, plan.keras_tokenizer, plan.start_token, stops, plan.max_length)
 
 
 def _onnx(decoder, attention: str, quantization):
@@ -238,7 +268,7 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
-        report["litertlm"] = check_litertlm(path, model, plan.prefill_lengths, max_length)
+        report["litertlm"] = check_litertlm(path, litertlm_reference(model, plan), plan)
     report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
