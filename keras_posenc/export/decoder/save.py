@@ -121,9 +121,7 @@ def save_decoder(
             refuses; a keras_hub model must be float32 (its reference is keras_hub's).
         verify: verify every file against Keras (`check.py`) before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
-        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
-        tokenizer: `model.litertlm`'s keras_hub tokenizer for a step model (a CausalLM's
-            is its preprocessor's).
+        prefill_lengths, tokenizer: `model.litertlm`'s (None: the defaults; docs/litertlm.md).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
@@ -137,11 +135,7 @@ def save_decoder(
         VerificationError: a file does not generate as Keras does; its report is left at
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
-    formats, max_length = _checked(attention, formats, max_length, verify)
-    if "litertlm" in formats:  # before the model is described for max_length + padding
-        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
-
-        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
     quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
@@ -149,7 +143,7 @@ def save_decoder(
     progress.phase(f"describing the model (max_length {max_length})")
     with reporting(progress):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
-    plan = _plan(model, decoder, formats, max_length, (prefill_lengths, tokenizer, slots))
+    plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, slots))
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = _files(model, decoder, formats, (attention, quantization), plan, ids)
@@ -235,8 +229,9 @@ def _onnx(decoder, attention: str, quantization):
     return decoder_onnx(decoder, attention, quantization)
 
 
-def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
-    """`(formats, max_length)` checked, before any work."""
+def _checked(attention: str, formats, max_length, verify: bool, prefill_lengths) -> tuple:
+    """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
+    lengths before the model is described for `max_length` and their padding)."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -245,7 +240,12 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
     for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
         if kind in formats:
             requires_tensorflow(f"save_decoder(formats={kind})")
-    return formats, checked_max_length(max_length, verify)
+    max_length = checked_max_length(max_length, verify)
+    if "litertlm" in formats:
+        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
+
+        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    return formats, max_length, prefill_lengths
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
