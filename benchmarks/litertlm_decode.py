@@ -11,7 +11,7 @@ interleave ours and the baseline; medians and the median of the per-round ratios
 printed with the load average:
 
     KERAS_BACKEND=tensorflow python -m benchmarks.litertlm_decode [--rounds 3] \
-        [--hf-folder hf_llama --baseline lt_out/model.litertlm]
+        [--hf-folder hf_llama --baseline lt_out/model.litertlm [--ours ours/model.litertlm]]
 """
 
 from __future__ import annotations
@@ -101,17 +101,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hf-folder", help="a transformers Llama's folder (its weights)")
     parser.add_argument("--baseline", help="litert-torch's model.litertlm of those weights")
+    parser.add_argument("--ours", help="our model.litertlm of them, written before")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        causal_lm = small_llama(args.hf_folder)
-        out = Path(folder) / "bundle"
-        save_decoder(
-            causal_lm, out, max_length=MAX_LENGTH, formats=("litertlm",), verify=False, verbose=0
-        )
-        bundle = out / "model.litertlm"
-        from keras_posenc import keras_hub as bridge
+        bundle, tflite = Path(args.ours or Path(folder) / "bundle" / "model.litertlm"), None
+        if not args.ours or not args.baseline:
+            causal_lm = small_llama(args.hf_folder)
+        if not args.ours:
+            save_decoder(
+                causal_lm,
+                bundle.parent,
+                max_length=MAX_LENGTH,
+                formats=("litertlm",),
+                verify=False,
+                verbose=0,
+            )
+        if not args.baseline:
+            from keras_posenc import keras_hub as bridge
 
-        tflite = decoder_litertlm_tflite(bridge.describe_causal_lm(causal_lm, MAX_LENGTH + 32))
+            decoder = bridge.describe_causal_lm(causal_lm, MAX_LENGTH + 32)
+            tflite = decoder_litertlm_tflite(decoder)
         rows = []
         for _ in range(args.rounds):
             prefill, decode = engine_rates(bundle, folder)
