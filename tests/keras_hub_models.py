@@ -173,7 +173,7 @@ FAMILIES_2026 = {
 }
 
 
-def _redraw_2026(backbone, seed: int) -> None:
+def redraw_2026(backbone, seed: int) -> None:
     """As `redraw`, for the 2026 families: norms multiply by their scale itself, keras_hub's
     non-trainable weights (SmolLM3's inverse frequencies) kept, and Gemma 4's
     `layer_scalar` drawn away from 1 (so that the export must write it)."""
@@ -205,7 +205,7 @@ def tiny_causal_lm_2026(family: str, seed: int = 0, **options):
     """A tiny random CausalLM of `FAMILIES_2026` (`options` override the backbone's)."""
     backbone_class, causal_lm_class, defaults = FAMILIES_2026[family]
     backbone = getattr(keras_hub.models, backbone_class)(**{**defaults, **options})
-    _redraw_2026(backbone, seed)
+    redraw_2026(backbone, seed)
     return getattr(keras_hub.models, causal_lm_class)(backbone=backbone, preprocessor=None)
 
 

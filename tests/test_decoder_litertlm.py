@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny_sentencepiece import tiny_llama_with_tokenizer
+from tiny_sentencepiece import tiny_gemma3_with_tokenizer, tiny_llama_with_tokenizer
 
 from keras_posenc.export import ExportError, save_decoder
 from keras_posenc.export.decoder import check
@@ -69,6 +69,24 @@ def test_the_bundle_runs_as_written(bundle, causal_lm, tmp_path):
             session.run_prefill([LONG_PROMPT])
             got = session.run_decode().texts[0]
     assert got == str(expected)
+
+
+def test_gemma3_bundle_generates_keras_hub_text(tmp_path):
+    """Gemma 3: SentencePiece, interleaved local (window 16) and global layers, query/key
+    norms, scaled embeddings; prompts past the window, chunked and padded."""
+    causal_lm = tiny_gemma3_with_tokenizer()
+    backbone = causal_lm.backbone
+    assert backbone.use_sliding_window_attention and backbone.use_query_key_norm
+    window = backbone.sliding_window_size
+    report = save_decoder(
+        causal_lm, tmp_path / "gemma3", max_length=MAX_LENGTH, formats=("litertlm",), verbose=0
+    )
+    cases = report["litertlm"]["cases"]
+    tokens = [case["prompt_tokens"] for case in cases]
+    assert min(tokens) < 8 and max(tokens) == MAX_LENGTH - 2 and 32 > window, tokens
+    for case in cases:
+        assert case["keras_hub"], case
+        assert case["litert_lm"] == case["keras_hub"], case
 
 
 def _prefill_logits(data: bytes, signature: str, tokens: np.ndarray) -> np.ndarray:

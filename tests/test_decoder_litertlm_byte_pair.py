@@ -14,7 +14,6 @@ import re
 import keras_hub
 import numpy as np
 import pytest
-from keras_hub_models import redraw
 from tiny_byte_pair import CORPUS, SPECIALS, train_byte_pair
 
 from keras_posenc.export import ExportError, save_decoder
@@ -24,6 +23,8 @@ pytest.importorskip("litert_lm_builder")
 
 MAX_LENGTH = 44  # as tests/test_decoder_litertlm.py: prompts padded and chunked
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# keras_hub's SmolLM3Tokenizer requires its end, start and thinking tokens.
+SMOLLM3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<think>", "</think>", "<|im_end|>"]
 TEXTS = [
     "the cat sat on the mat.",
     "hello world\n\nthe end",
@@ -32,27 +33,53 @@ TEXTS = [
 ]
 
 
+# Each family's tokenizer class, the special tokens it requires and its backbone's options.
+FAMILIES = {
+    "llama3": ("Llama3", {}, {}),
+    "qwen3": ("Qwen3", {"specials": QWEN_SPECIALS}, dict(head_dim=16, tie_word_embeddings=False)),
+    # NoPE in every fourth layer, as SmolLM3's; q/k/v biases.
+    "smollm3": (
+        "SmolLM3",
+        {"specials": SMOLLM3_SPECIALS},
+        dict(
+            num_attention_heads=4,
+            attention_bias=True,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, True, True, False],
+            layer_types=["full_attention"] * 4,
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=64,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+            num_layers=4,
+        ),
+    ),
+}
+
+
 def tiny_byte_pair_causal_lm(family: str, extra_rows: int = 0, seed: int = 2):
-    """A 2-layer Llama 3 or Qwen3 CausalLM with a tiny ASCII byte-level BPE tokenizer;
-    `extra_rows` embedding rows more than the tokenizer has tokens."""
-    llama3 = family == "llama3"
-    specials = {} if llama3 else {"specials": QWEN_SPECIALS}
+    """A 2-layer Llama 3 or Qwen3 (4-layer SmolLM3) CausalLM with a tiny ASCII byte-level
+    BPE tokenizer; `extra_rows` embedding rows more than the tokenizer has tokens."""
+    from keras_hub_models import redraw, redraw_2026
+
+    prefix, specials, options = FAMILIES[family]
     vocabulary, merges = train_byte_pair(CORPUS, ascii=True, **specials)
-    prefix = "Llama3" if llama3 else "Qwen3"
     tokenizer = getattr(keras_hub.models, f"{prefix}Tokenizer")(
         vocabulary=vocabulary, merges=merges
     )
-    options = {} if llama3 else dict(head_dim=16, tie_word_embeddings=False)
-    backbone = getattr(keras_hub.models, f"{prefix}Backbone")(
+    shape = dict(
         vocabulary_size=tokenizer.vocabulary_size() + extra_rows,
         num_layers=2,
-        num_query_heads=4,
         hidden_dim=64,
         intermediate_dim=96,
         num_key_value_heads=2,
-        **options,
     )
-    redraw(backbone, seed)  # seed 2: texts that run on past the prompts
+    if family != "smollm3":
+        shape["num_query_heads"] = 4
+    backbone = getattr(keras_hub.models, f"{prefix}Backbone")(**{**shape, **options})
+    # seed 2: texts that run on past the prompts; SmolLM3's norms multiply by their scale.
+    (redraw_2026 if family == "smollm3" else redraw)(backbone, seed)
     preprocessor = getattr(keras_hub.models, f"{prefix}CausalLMPreprocessor")(
         tokenizer, sequence_length=64
     )
@@ -60,7 +87,7 @@ def tiny_byte_pair_causal_lm(family: str, extra_rows: int = 0, seed: int = 2):
     return causal_lm_class(backbone=backbone, preprocessor=preprocessor)
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen3"])
+@pytest.fixture(scope="module", params=["llama3", "qwen3", "smollm3"])
 def exported(request, tmp_path_factory):
     causal_lm = tiny_byte_pair_causal_lm(request.param)
     folder = tmp_path_factory.mktemp("litertlm_byte_pair") / request.param

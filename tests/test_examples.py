@@ -475,3 +475,20 @@ def test_plot_encodings_writes_only_where_told(capsys):
     assert exit_.value.code == 2
     assert "--out" in capsys.readouterr().err
     assert {path: path.stat().st_mtime_ns for path in DOCS.glob("*.png")} == before
+
+
+# --------------------------------------------------------------------------------------
+# litertlm_chat
+
+
+def test_litertlm_chat_engine_text_is_keras_hub_text(tmp_path):
+    """The bundle the example writes, in LiteRT-LM's engine: keras_hub's greedy text for each
+    prompt (a few epochs: the claim is the export, not the training)."""
+    pytest.importorskip("litert_lm")
+    pytest.importorskip("litert_lm_builder")
+    litertlm_chat = load_example("litertlm_chat")
+    result = litertlm_chat.main(["--out", str(tmp_path / "chat"), "--epochs", "2"])
+    assert (tmp_path / "chat" / "model.litertlm").is_file()
+    assert len(result["litert_lm"]) == len(litertlm_chat.PROMPTS)
+    assert all(result["keras_hub"]), result  # texts to compare, not empty ones
+    assert result["litert_lm"] == result["keras_hub"]

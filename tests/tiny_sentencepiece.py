@@ -55,6 +55,26 @@ def tiny_gemma_with_tokenizer(seed: int = 0):
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor)
 
 
+def tiny_gemma3_with_tokenizer(seed: int = 4):
+    """A 6-layer text-only Gemma 3 CausalLM (`keras_hub_models.FAMILIES["gemma3"]`: five
+    local layers with a window of 16, one global, query/key norms, scaled embeddings) with
+    the tiny SentencePiece tokenizer (Gemma's tokens, no vision tokens). Seed 4: the
+    greedy texts that change most from token to token of seeds 0 to 4."""
+    import keras_hub
+    from keras_hub_models import COMMON, FAMILIES, redraw
+
+    tokenizer = keras_hub.models.Gemma3Tokenizer(
+        proto=sentencepiece_proto(GEMMA), has_vision_tokens=False
+    )
+    options = {**COMMON, **FAMILIES["gemma3"][2]}
+    backbone = keras_hub.models.Gemma3Backbone(
+        **{**options, "vocabulary_size": tokenizer.vocabulary_size()}
+    )
+    redraw(backbone, seed)
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(tokenizer, sequence_length=64)
+    return keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
+
+
 def tiny_llama_with_tokenizer(seed: int = 0, extra_rows: int = 0):
     """A 2-layer Llama CausalLM (weights redrawn as `keras_hub_models.redraw`) whose
     preprocessor holds the tiny SentencePiece tokenizer; `extra_rows` embedding rows more

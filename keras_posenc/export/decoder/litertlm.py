@@ -10,8 +10,9 @@ preferred activation type float32.
 
 The engine takes text only, so the tokenizer is part of every check: a keras_hub CausalLM's
 preprocessor's tokenizer, as its SentencePiece proto or (byte-level BPE) a `tokenizer.json`
-(`litertlm_tokenizer`). Step models of `decoder_models` (no tokenizer) are refused by name
-in this version. A tokenizer without a start token (Qwen) leaves the metadata's out.
+(`litertlm_tokenizer`), or for a `decoder_models` step model (no preprocessor) the
+keras_hub tokenizer passed as `tokenizer=`. A tokenizer without a start token (Qwen)
+leaves the metadata's out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_posenc.export.decoder.litertlm_model import checked_prefill_lengths
+from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
 from keras_posenc.export.decoder.litertlm_tokenizer import (
     HUGGING_FACE,
     BundleTokenizer,
@@ -40,6 +41,7 @@ class BundlePlan:
     """What the bundle holds besides the model: checked before any file is written."""
 
     tokenizer: BundleTokenizer
+    keras_tokenizer: object  # the keras_hub tokenizer: the check's prompts and texts
     start_token: int | None  # None: the tokenizer has none (Qwen), the prompt has none
     stop_tokens: tuple[int, ...]
     max_length: int
@@ -68,25 +70,44 @@ def _require_packages() -> None:
         ) from error
 
 
-def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> BundlePlan:
+def _start_and_end(tokenizer, file: BundleTokenizer) -> tuple:
+    """The tokenizer's start and end ids (keras_hub's family tokenizers name them); for a
+    plain `SentencePieceTokenizer`, which names none, its model's `bos_id` / `eos_id`."""
+    start = getattr(tokenizer, "start_token_id", None)
+    end = getattr(tokenizer, "end_token_id", None)
+    if end is None and file.file_name != HUGGING_FACE:
+        import sentencepiece
+
+        model = sentencepiece.SentencePieceProcessor(model_proto=file.content)
+        start = model.bos_id() if model.bos_id() >= 0 else None
+        end = model.eos_id() if model.eos_id() >= 0 else None
+    return start, end
+
+
+def litertlm_plan(
+    model, vocabulary: int, max_length: int, prefill_lengths=None, tokenizer=None
+) -> BundlePlan:
     """The tokenizer and metadata of `model`'s bundle, checked before any work.
 
     Args:
         model: a keras_hub CausalLM with a SentencePiece or byte-level BPE tokenizer in
-            its preprocessor.
+            its preprocessor, or a `decoder_models` step model with `tokenizer`.
         vocabulary: the rows of the model's embedding.
         max_length: the cache slots of the export (LlmMetadata's `max_num_tokens`).
-        prefill_lengths: the lengths of the `prefill_<n>` signatures.
+        prefill_lengths: the lengths of the `prefill_<n>` signatures (None: the defaults
+            that fit `max_length`).
+        tokenizer: a keras_hub tokenizer for a step model (a CausalLM's is its
+            preprocessor's).
 
     Raises:
         ExportError: the packages are missing, the model has no tokenizer the bundle can
             hold, or its vocabulary or stop tokens do not fit the embedding.
-        ValueError: `prefill_lengths` do not fit `max_length` (each must leave a slot for
-            a generated token).
+        ValueError: `prefill_lengths` or `max_length` do not fit the bundle (each length
+            must leave a slot for a generated token).
     """
     _require_packages()
-    lengths = checked_prefill_lengths(prefill_lengths, max_length - 1)
-    tokenizer = keras_hub_tokenizer(model)
+    lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    tokenizer = keras_hub_tokenizer(model, tokenizer)
     file = bundle_tokenizer(tokenizer)
     size = int(tokenizer.vocabulary_size())
     if size != vocabulary:
@@ -95,8 +116,7 @@ def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> B
             "the bundle would pair them wrongly. Export the model with its own tokenizer."
         )
     check_ids_fit(tokenizer, vocabulary)
-    start = getattr(tokenizer, "start_token_id", None)
-    end = getattr(tokenizer, "end_token_id", None)
+    start, end = _start_and_end(tokenizer, file)
     if end is None:
         raise ExportError(
             f"{type(tokenizer).__name__} has no end token (end_token_id None); LiteRT-LM's "
@@ -112,7 +132,7 @@ def litertlm_plan(model, vocabulary: int, max_length: int, prefill_lengths) -> B
         raise ExportError(
             f"Start/stop token ids {outside} are outside the vocabulary (0...{vocabulary - 1})."
         )
-    return BundlePlan(file, start, stops, max_length, lengths)
+    return BundlePlan(file, tokenizer, start, stops, max_length, lengths)
 
 
 def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
@@ -154,11 +174,15 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
 
 
 def litertlm_file(model, plan: BundlePlan, quantization=None) -> bytes:
-    """The `.litertlm` bytes of keras_hub CausalLM `model` (`plan` from `litertlm_plan`;
-    `quantization` a `quantized_graph.Quantization` or None)."""
+    """The `.litertlm` bytes of keras_hub CausalLM or step model `model` (`plan` from
+    `litertlm_plan`; `quantization` a `quantized_graph.Quantization` or None)."""
     from keras_posenc import keras_hub as bridge
+    from keras_posenc.export.decoder.keras_reader import describe_decoder
     from keras_posenc.export.decoder.litertlm_model import decoder_litertlm_tflite
 
-    decoder = bridge.describe_causal_lm(model, plan.cache_slots)
+    if bridge.is_keras_hub_causal_lm(model):
+        decoder = bridge.describe_causal_lm(model, plan.cache_slots)
+    else:
+        decoder = describe_decoder(model, plan.cache_slots)
     tflite = decoder_litertlm_tflite(decoder, plan.prefill_lengths, quantization)
     return litertlm_bundle(tflite, plan)

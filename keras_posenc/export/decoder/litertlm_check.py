@@ -28,18 +28,17 @@ def _words(tokenizer) -> list[str]:
     return words or ["a"]
 
 
-def prompt_tokens(tokenizer, text: str) -> int:
-    """The tokens of prompt `text` with the start token, where the tokenizer has one."""
-    start = getattr(tokenizer, "start_token_id", None) is not None
-    return int(start) + len(tokenizer(text))
+def prompt_tokens(tokenizer, text: str, has_start: bool) -> int:
+    """The tokens of prompt `text` with the start token, where the bundle has one."""
+    return int(has_start) + len(tokenizer(text))
 
 
-def _prompt_of(tokenizer, words: list[str], tokens: int) -> str:
+def _prompt_of(tokenizer, words: list[str], tokens: int, has_start: bool) -> str:
     """A prompt of about `tokens` tokens with the start token (at most that many): whole
     words while three more fit, then one letter at a time."""
 
     def count(text: str) -> int:
-        return prompt_tokens(tokenizer, text)
+        return prompt_tokens(tokenizer, text, has_start)
 
     text, i = words[0], 1
     while count(f"{text} {words[i % len(words)]}") <= tokens and i < 4 * tokens:
@@ -49,7 +48,9 @@ def _prompt_of(tokenizer, words: list[str], tokens: int) -> str:
     return text
 
 
-def check_prompts(tokenizer, prefill_lengths: tuple[int, ...], max_length: int) -> list[str]:
+def check_prompts(
+    tokenizer, prefill_lengths: tuple[int, ...], max_length: int, has_start: bool
+) -> list[str]:
     """The prompts of the module docstring: shorter than the smallest `prefill_<n>` (when
     it is over 2), longer than the largest, and the longest the engine takes
     (`max_length - 2` tokens: its last chunk's padding runs past `max_length`), those the
@@ -58,14 +59,59 @@ def check_prompts(tokenizer, prefill_lengths: tuple[int, ...], max_length: int) 
     if prefill_lengths[0] > 2:
         prompts.append(words[0])
     for tokens in (prefill_lengths[-1] + 2, max_length - 2):
-        prompt = _prompt_of(tokenizer, words, tokens)
-        if prompt_tokens(tokenizer, prompt) > prefill_lengths[-1] and prompt not in prompts:
+        prompt = _prompt_of(tokenizer, words, tokens, has_start)
+        if (
+            prompt_tokens(tokenizer, prompt, has_start) > prefill_lengths[-1]
+            and prompt not in prompts
+        ):
             prompts.append(prompt)
     return prompts
 
 
-def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length: int) -> dict:
-    """`{"cases": [...], "passed": bool}`: each prompt's text from keras_hub and the engine.
+def keras_hub_text(causal_lm, max_length: int):
+    """`prompt -> text`: keras_hub's greedy `generate()` after the prompt."""
+    causal_lm.compile(sampler="greedy")
+    return lambda prompt: str(causal_lm.generate(prompt, max_length=max_length, strip_prompt=True))
+
+
+def step_model_text(step_model, tokenizer, start: int | None, stops, max_length: int):
+    """`prompt -> text` for a `decoder_models` step model, as keras_hub's `generate()`
+    makes it: the prompt's ids after the start token (where there is one), Keras's greedy
+    tokens (`keras_greedy`) until a stop token or `max_length` tokens in all, then the
+    tokenizer's text of those tokens with its special tokens left out."""
+    import numpy as np
+
+    from keras_posenc.export.decoder.greedy_generation import keras_greedy
+
+    special = set(int(i) for i in getattr(tokenizer, "special_token_ids", []))
+
+    def text(prompt: str) -> str:
+        ids = [] if start is None else [start]
+        ids += [int(i) for i in np.asarray(tokenizer(prompt))]
+        prompts = np.asarray([ids], np.int32)
+        steps = max_length - len(ids) - 1
+        tokens = keras_greedy(step_model, prompts, np.ones_like(prompts), steps)[0][0]
+        generated = []
+        for token in (int(t) for t in tokens):
+            if token in stops:
+                break
+            generated.append(token)
+        shown = [t for t in generated if t not in special]
+        value = np.asarray(tokenizer.detokenize(shown)).item() if shown else ""
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    return text
+
+
+def check_litertlm(path, reference, plan) -> dict:
+    """`{"cases": [...], "passed": bool}`: each prompt's text from Keras and the engine
+    (`"keras_hub"`: the reference's text, Keras's for a step model).
+
+    Args:
+        path: the `.litertlm` file.
+        reference: `prompt -> text` (`keras_hub_text` or `step_model_text`).
+        plan: the bundle's `BundlePlan` (its keras_hub tokenizer, start token, prefill
+            lengths and max_length).
 
     Raises:
         RuntimeError: the engine refused the bundle (its message is in the log above).
@@ -73,8 +119,9 @@ def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length
     import litert_lm
 
     litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
-    causal_lm.compile(sampler="greedy")
-    prompts = check_prompts(causal_lm.preprocessor.tokenizer, prefill_lengths, max_length)
+    tokenizer, max_length = plan.keras_tokenizer, plan.max_length
+    has_start = plan.start_token is not None
+    prompts = check_prompts(tokenizer, plan.prefill_lengths, max_length, has_start)
     cases = []
     # The engine writes its XNNPACK weight cache beside the model unless told where.
     with (
@@ -82,7 +129,7 @@ def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length
         litert_lm.Engine(str(path), max_num_tokens=max_length, cache_dir=cache) as engine,
     ):
         for prompt in prompts:
-            expected = causal_lm.generate(prompt, max_length=max_length, strip_prompt=True)
+            expected = reference(prompt)
             with engine.create_session(
                 apply_prompt_template=False, sampler_config=litert_lm.SamplerConfig(top_k=1)
             ) as session:
@@ -91,10 +138,10 @@ def check_litertlm(path, causal_lm, prefill_lengths: tuple[int, ...], max_length
             cases.append(
                 {
                     "prompt": prompt,
-                    "prompt_tokens": prompt_tokens(causal_lm.preprocessor.tokenizer, prompt),
-                    "keras_hub": str(expected),
+                    "prompt_tokens": prompt_tokens(tokenizer, prompt, has_start),
+                    "keras_hub": expected,
                     "litert_lm": got,
-                    "equal": got == str(expected),
+                    "equal": got == expected,
                 }
             )
     return {"cases": cases, "passed": bool(cases) and all(c["equal"] for c in cases)}
@@ -110,6 +157,6 @@ def litertlm_failure(report: dict) -> str | None:
         return "The LiteRT-LM bundle was not checked: max_length leaves no room for a prompt."
     case = next(c for c in result["cases"] if not c["equal"])
     return (
-        f"LiteRT-LM's engine does not generate keras_hub's text for the prompt of "
+        f"LiteRT-LM's engine does not generate Keras's text for the prompt of "
         f"{case['prompt_tokens']} tokens: {case['litert_lm']!r} instead of {case['keras_hub']!r}."
     )

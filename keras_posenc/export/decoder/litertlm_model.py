@@ -16,10 +16,18 @@ import tempfile
 import tensorflow as tf
 
 from keras_posenc.export.decoder.description import Decoder
+from keras_posenc.export.decoder.entry import LONGEST
 from keras_posenc.export.decoder.litert_decoder import DecoderModule
 from keras_posenc.export.errors import ExportError
 
 DEFAULT_PREFILL_LENGTHS = (8, 32)
+
+
+def default_prefill_lengths(max_length: int) -> tuple[int, ...]:
+    """The lengths of `DEFAULT_PREFILL_LENGTHS` a bundle of `max_length` takes (each leaves
+    a slot for a generated token), or `max_length - 1` where none does."""
+    fitting = tuple(n for n in DEFAULT_PREFILL_LENGTHS if n <= max_length - 1)
+    return fitting or (max_length - 1,)
 
 
 def checked_prefill_lengths(prefill_lengths, max_length: int) -> tuple[int, ...]:
@@ -33,6 +41,26 @@ def checked_prefill_lengths(prefill_lengths, max_length: int) -> tuple[int, ...]
         raise ValueError(
             f"prefill_lengths must be lengths from 1 to max_length ({max_length}), got "
             f"{tuple(prefill_lengths)!r}."
+        )
+    return lengths
+
+
+def bundle_prefill_lengths(max_length: int, prefill_lengths=None) -> tuple[int, ...]:
+    """`prefill_lengths` (None: `default_prefill_lengths`) checked against `max_length`,
+    before any work.
+
+    Raises:
+        ValueError: a length past `max_length - 1`, or more cache slots than a file holds
+            (`max_length` and the longest length's padding: see `BundlePlan.cache_slots`).
+    """
+    if prefill_lengths is None:
+        lengths = default_prefill_lengths(max_length)
+    else:
+        lengths = checked_prefill_lengths(prefill_lengths, max_length - 1)
+    if max_length + lengths[-1] > LONGEST:
+        raise ValueError(
+            f"max_length {max_length} is more than a .litertlm bundle holds: its cache needs "
+            f"max_length + the longest prefill length ({lengths[-1]}) slots, at most {LONGEST}."
         )
     return lengths
 

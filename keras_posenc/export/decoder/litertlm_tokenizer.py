@@ -5,7 +5,8 @@ LiteRT-LM reads two kinds (`litert-lm-builder`'s `add_sentencepiece_tokenizer` a
 a Hugging Face `tokenizer.json`, for keras_hub's byte-level BPE tokenizers
 (`BytePairTokenizer`: Llama 3, Qwen, SmolLM3, GPT-2), written as the onnxruntime-genai
 folder writes it (`tokenizer_files.byte_pair_tokenizer_json`: one definition for both).
-Anything else, or no tokenizer, is refused by name.
+For a `decoder_models` step model, the keras_hub tokenizer passed with it. Anything
+else, or no tokenizer, is refused by name.
 
 The engine decodes a `tokenizer.json` with its special tokens as text (tokenizers-cpp's
 `Decode` without `skip_special_tokens`), where keras_hub's `generate()` leaves them out
@@ -41,20 +42,33 @@ def _is(tokenizer, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(tokenizer).__mro__)
 
 
-def keras_hub_tokenizer(model):
-    """The keras_hub tokenizer of `model`'s preprocessor.
+def keras_hub_tokenizer(model, tokenizer=None):
+    """The keras_hub tokenizer of `model`'s preprocessor, or `tokenizer` for a step model.
+
+    Args:
+        model: a keras_hub CausalLM or a `decoder_models` step model.
+        tokenizer: None, or a keras_hub tokenizer for a step model (a CausalLM's is its
+            preprocessor's).
 
     Raises:
-        ExportError: `model` is a `decoder_models` step model, or a CausalLM built without
-            a preprocessor.
+        ExportError: `model` is a step model without `tokenizer`, or a CausalLM built
+            without a preprocessor.
+        ValueError: `tokenizer` given for a keras_hub CausalLM.
     """
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
     if not bridge.is_keras_hub_causal_lm(model):
-        raise ExportError(
-            "formats=('litertlm',) needs a tokenizer, and a decoder_models step model has "
-            "none: export a keras_hub CausalLM with its preprocessor (this version does not "
-            "take a tokenizer for step models)."
+        if tokenizer is None:
+            raise ExportError(
+                "formats=('litertlm',) needs a tokenizer, and a decoder_models step model has "
+                "none: pass the keras_hub tokenizer its ids are of, `tokenizer=` (e.g. a "
+                "SentencePieceTokenizer or BytePairTokenizer)."
+            )
+        return tokenizer
+    if tokenizer is not None:
+        raise ValueError(
+            f"tokenizer= is for decoder_models step models; the {type(model).__name__}'s "
+            "tokenizer is its preprocessor's (build it with the preprocessor instead)."
         )
     tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
     if tokenizer is None:

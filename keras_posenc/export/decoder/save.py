@@ -27,7 +27,12 @@ from keras_posenc.export.decoder.genai_config import genai_config
 from keras_posenc.export.decoder.genai_runtime import genai_greedy, genai_model
 from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.keras_reader import describe_decoder
-from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_failure
+from keras_posenc.export.decoder.litertlm_check import (
+    check_litertlm,
+    keras_hub_text,
+    litertlm_failure,
+    step_model_text,
+)
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
@@ -86,6 +91,7 @@ def save_decoder(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     prefill_lengths: tuple[int, ...] | None = None,
+    tokenizer=None,
     external_data: bool | None = None,
     verbose: int = 1,
     quantize: str | None = None,
@@ -115,7 +121,7 @@ def save_decoder(
             refuses; a keras_hub model must be float32 (its reference is keras_hub's).
         verify: verify every file against Keras (`check.py`) before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
-        prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
+        prefill_lengths, tokenizer: `model.litertlm`'s (None: the defaults; docs/litertlm.md).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 weights (docs/quantization.md).
@@ -129,7 +135,7 @@ def save_decoder(
         VerificationError: a file does not generate as Keras does; its report is left at
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
-    formats, max_length = _checked(attention, formats, max_length, verify)
+    formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
     quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
@@ -137,7 +143,7 @@ def save_decoder(
     progress.phase(f"describing the model (max_length {max_length})")
     with reporting(progress):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
-    plan = _plan(model, decoder, formats, max_length, prefill_lengths)
+    plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, slots, quantization))
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = _files(model, decoder, formats, (attention, quantization), plan, ids)
@@ -166,16 +172,29 @@ def _raise_if_failed(report: dict, folder) -> None:
         raise VerificationError(message, report)
 
 
-def _plan(model, decoder, formats, max_length: int, prefill_lengths):
+def _plan(model, decoder, formats, max_length: int, bundle: tuple):
     """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
-    file is written."""
+    file is written; `bundle` is `(prefill_lengths, tokenizer, slots, quantization)`,
+    `slots` the cache slots of the reference."""
+    prefill_lengths, tokenizer, slots, quantization = bundle
     if "litertlm" not in formats:
+        if tokenizer is not None:
+            raise ValueError("tokenizer= is written only into formats=('litertlm',)'s bundle.")
         return None
     from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
-    from keras_posenc.export.decoder.litertlm_model import DEFAULT_PREFILL_LENGTHS
 
-    lengths = DEFAULT_PREFILL_LENGTHS if prefill_lengths is None else prefill_lengths
-    return litertlm_plan(model, decoder.vocabulary, max_length, lengths)
+    if quantization is not None and tokenizer is not None:
+        raise ExportError(
+            "A quantized .litertlm bundle of a step model is not yet supported (its texts are "
+            "judged by keras_hub's greedy generation); export it with quantize=None, or "
+            "quantize a keras_hub CausalLM."
+        )
+    if slots < max_length:
+        raise ValueError(
+            f"The step model's cache holds {slots} tokens and the bundle's check generates "
+            f"up to max_length ({max_length}): build it with max_length >= {max_length}."
+        )
+    return litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths, tokenizer)
 
 
 def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) -> dict:
@@ -200,6 +219,17 @@ def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) ->
     return files
 
 
+def litertlm_reference(model, plan):
+    """`prompt -> text` the bundle's check compares with: keras_hub's `generate()`, or
+    Keras's greedy tokens of a step model in its tokenizer's text."""
+    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
+
+    if bridge.is_keras_hub_causal_lm(model):
+        return keras_hub_text(model, plan.max_length)
+    stops = plan.stop_tokens
+    return step_model_text(model, plan.keras_tokenizer, plan.start_token, stops, plan.max_length)
+
+
 def _onnx(decoder, attention: str, quantization):
     """`decoder_onnx`'s model; its float call unchanged (`decoder_onnx(decoder, attention)`)."""
     if quantization is None:
@@ -207,8 +237,9 @@ def _onnx(decoder, attention: str, quantization):
     return decoder_onnx(decoder, attention, quantization)
 
 
-def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
-    """`(formats, max_length)` checked, before any work."""
+def _checked(attention: str, formats, max_length, verify: bool, prefill_lengths) -> tuple:
+    """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
+    lengths before the model is described for `max_length` and their padding)."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -217,7 +248,12 @@ def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, 
     for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
         if kind in formats:
             requires_tensorflow(f"save_decoder(formats={kind})")
-    return formats, checked_max_length(max_length, verify)
+    max_length = checked_max_length(max_length, verify)
+    if "litertlm" in formats:
+        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
+
+        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    return formats, max_length, prefill_lengths
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
@@ -242,23 +278,23 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
-        report["litertlm"] = _litertlm_result(path, model, plan, max_length, checked)
+        report["litertlm"] = _litertlm_result(path, model, plan, checked)
     report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
     return report
 
 
-def _litertlm_result(path: Path, model, plan, max_length: int, checked) -> dict:
-    """The engine's texts against keras_hub's (of the dequantized model for a quantized
+def _litertlm_result(path: Path, model, plan, checked) -> dict:
+    """The engine's texts against Keras's (of the dequantized model for a quantized
     bundle, `quantized_save.check_quantized_litertlm`)."""
     quantization = checked[4]
-    check = functools.partial(check_litertlm, path, model, plan.prefill_lengths, max_length)
+    check = functools.partial(check_litertlm, path, litertlm_reference(model, plan), plan)
     if quantization is None:
         return check()
     from keras_posenc.export.decoder.quantized_save import check_quantized_litertlm
 
-    return check_quantized_litertlm(check, model, checked[1], quantization, max_length)
+    return check_quantized_litertlm(check, model, checked[1], quantization, plan.max_length)
 
 
 def _verify(
