@@ -8,9 +8,8 @@ On `quantized_decode.py`'s random transformers Llama (width 512, 4 layers, vocab
   weights (float32, and MatMulNBits at accuracy_level 4). Reported: bytes, what onnxruntime
   makes of each quantized file (its optimized model's MatMul-like nodes and their accuracy
   levels, `SessionOptions.optimized_model_filepath`, one thread) and ms/token through
-  `og.Generator`. `--tied`: the same with a tied head, and beside each tied standard file
-  a copy whose embedding reads its own copy of the head's integers (`table_twice`; int4
-  also as int8 integers, gathered before they are dequantized).
+  `og.Generator`. `--tied`: the same with a tied head (the standard files' embedding an
+  int8 copy of the head's integers, `quantized_standard.tied_lookup`).
 - `levels`: the GroupQueryAttention int4 file at each MatMulNBits `accuracy_level` (0-4,
   rewritten in copies of one file), ms/token interleaved, and each level's prompt logits
   (4 prompts of 100 tokens, teacher-forced, plain onnxruntime) against level 0's (the
@@ -92,61 +91,6 @@ def optimized_node_types(path: Path, work: Path) -> dict:
     return {**types, "accuracy levels": sorted(levels)}
 
 
-def table_twice(folder: Path, out: Path, as_int8: bool = False) -> Path:
-    """A copy of the tied standard-op file `folder` whose embedding reads its own copy of
-    the head's integers and scales (what onnxruntime needs to fuse the head); `as_int8`:
-    a 4-bit copy widened to int8, so that the tokens' columns are gathered first."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    shutil.copytree(folder, out)
-    model = onnx.load(out / "model.onnx")
-    nodes = list(model.graph.node)
-    head = next(
-        n for n in nodes if n.op_type == "DequantizeLinear" and n.input[0].startswith("lm_head")
-    )
-    initializers = {t.name: t for t in model.graph.initializer}
-    copies = {}
-    for name in head.input:
-        copy = onnx.TensorProto()
-        copy.CopyFrom(initializers[name])
-        if as_int8 and name == head.input[0]:
-            copy = numpy_helper.from_array(numpy_helper.to_array(copy).astype(np.int8))
-        copy.name = copies[name] = name + ".copy"
-        model.graph.initializer.append(copy)
-    block_size = next(a.i for a in head.attribute if a.name == "block_size")
-    rewritten = []
-    for original in nodes:
-        node = onnx.NodeProto()
-        node.CopyFrom(original)  # the graph's own are cleared below
-        if node.op_type == "Gather" and node.input[0] == head.output[0] and as_int8:
-            ids = node.input[1]
-            gathered = [f"{x}.gathered" for x in copies.values()]
-            for source, target in zip(copies.values(), gathered, strict=True):
-                rewritten.append(helper.make_node("Gather", [source, ids], [target], axis=1))
-            node = helper.make_node(
-                "DequantizeLinear", gathered, list(node.output), axis=0, block_size=block_size
-            )
-        elif node.op_type == "Gather" and node.input[0] == head.output[0]:  # 4 bits
-            rewritten.append(
-                helper.make_node(
-                    "DequantizeLinear",
-                    [copies[x] for x in head.input],
-                    ["lm_head.copy"],
-                    axis=0,
-                    block_size=block_size,
-                )
-            )
-            node.input[0] = "lm_head.copy"
-        elif original is not head:
-            node.input[:] = [copies.get(x, x) for x in node.input]
-        rewritten.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(rewritten)
-    onnx.save(model, out / "model.onnx")
-    return out
-
-
 def interleaved(folders: dict, baseline: str, rounds: int) -> dict:
     """`{name: {"ms_per_token", "ratio"}}`: medians over rounds, `ratio` the median of the
     per-round ratios to `baseline`."""
@@ -192,12 +136,6 @@ def standard_part(rounds: int, tied: bool = False) -> dict:
         for attention in ("standard", "gqa"):
             folder = work / f"{attention}_{mode}"
             folders[f"{attention} {mode}"] = _write(hf, folder, attention, quantize)
-    if tied:
-        for mode in ("int8", "int4"):
-            name = f"standard {mode}, table twice"
-            folders[name] = table_twice(folders[f"standard {mode}"], work / name.replace(" ", "_"))
-        name = "standard int4, table twice as int8"
-        folders[name] = table_twice(folders["standard int4"], work / "int4_twice_int8", True)
     for name, folder in folders.items():
         types = optimized_node_types(folder / "model.onnx", work) if "int" in name else {}
         print(f"{name}: {onnx_bytes(folder) / 2**20:.2f} MiB", end="")

@@ -103,10 +103,23 @@ def _models():
     }
 
 
+def _optimized_types(path, work) -> dict:
+    """The node types of onnxruntime's optimized model of `path` (what it fuses)."""
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(work / "optimized.onnx")
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    types = {}
+    for node in optimized.graph.node:
+        types[node.op_type] = types.get(node.op_type, 0) + 1
+    return types
+
+
 def _check_nodes(path, decoder, tied: bool, bits: int):
     """Every quantized kernel one DequantizeLinear of int4/int8 initializers read by a
-    MatMul, no contrib op; a tied table's integers the head's (one copy), read by the
-    embedding's Gather: 8 bits directly, 4 bits (no int4 Gather) dequantized."""
+    MatMul and nothing else, no contrib op; a tied embedding its own int8 copy of the
+    head's integers and scales (the same numbers; int4 widened), its rows gathered then
+    dequantized; onnxruntime fuses every kernel, the head included, into MatMulNBits."""
     model = onnx.load(path)
     nodes = list(model.graph.node)
     assert all(node.domain == "" for node in nodes)
@@ -121,23 +134,28 @@ def _check_nodes(path, decoder, tied: bool, bits: int):
     integer = TensorProto.INT4 if bits == 4 else TensorProto.INT8
     for node in weights:
         assert initializers[node.input[0]].data_type == integer and len(node.input) == 2
-        assert "MatMul" in readers[node.output[0]]
-    embedding = next(  # the table's (8 bits tied: then its scales')
-        n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids"
-    )
-    head = next(n for n in weights if n.input[0].startswith("lm_head"))
+        assert readers[node.output[0]] == ["MatMul"]
+        for name in node.input:  # nothing else reads them: onnxruntime may fuse
+            assert readers[name] == ["DequantizeLinear"], name
+    embedding = next(n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids")
+    table = initializers[embedding.input[0]]
     if not tied:
-        assert initializers[embedding.input[0]].data_type == TensorProto.FLOAT
-    elif bits == 4:
-        assert embedding.input[0] == head.output[0]
+        assert table.data_type == TensorProto.FLOAT
     else:
-        assert embedding.input[0] == head.input[0]
-    for node in weights:  # read by nothing else but the tied embedding
-        assert sorted(readers[node.input[0]]) == (
-            ["DequantizeLinear", "Gather"]
-            if node is head and tied and bits == 8
-            else ["DequantizeLinear"]
-        )
+        assert table.data_type == TensorProto.INT8
+        head = next(n for n in weights if n.input[0].startswith("lm_head"))
+        # The same integers (int4 as int8 values) and scales, one row per token.
+        rows, row_scales = (numpy_helper.to_array(initializers[x]) for x in head.input)
+        gathers = [n for n in nodes if n.op_type == "Gather" and n.input[1] == "input_ids"]
+        copy = {numpy_helper.to_array(initializers[n.input[0]]).dtype: n for n in gathers}
+        np.testing.assert_array_equal(numpy_helper.to_array(table), rows.T.astype(np.int8))
+        scales = numpy_helper.to_array(initializers[copy[np.dtype(np.float32)].input[0]])
+        np.testing.assert_array_equal(scales, row_scales.T)
+        dequantize_node = next(n for n in nodes if embedding.output[0] in n.input)
+        assert dequantize_node.op_type == "DequantizeLinear"
+    types = _optimized_types(path, path.parent)
+    assert types.get("MatMulNBits") == len(weights), types
+    assert "MatMul" not in types, types
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])

@@ -8,7 +8,7 @@ K * bits / 8)`; an untied one stays a float32 `Gather`. A mixture of experts' ex
 `com.microsoft.QMoE` (`moe.py`; its router stays float32). Weights outside that list (Gemma
 4's per-layer gate and projection) stay float32 MatMuls. The standard-op graph writes the
 same weights as `DequantizeLinear` + `MatMul` (`quantized_standard.py`); a tied table is
-the head's integers, stored once, read by the embedding too (`tied_lookup`).
+the head's integers, and the embedding its own int8 copy of them (`tied_lookup`).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
     if not is_tied(decoder):
         return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     q = g.quantization
-    if g.standard:  # the head's integers, stored once (`quantized_standard.tied_lookup`)
+    if g.standard:  # the head's integers, and a copy for the embedding (`tied_lookup`)
         embedded, g.tied_table = tied_lookup(g, quantize(decoder.head, q.bits, q.block_size), ids)
         return embedded
     g.head_stored = _stored(g, "lm_head", decoder.head)

@@ -103,14 +103,22 @@ def dequantized_weight(g: GraphBuilder, stored: Quantized, name: str) -> str:
 
 def tied_lookup(g: GraphBuilder, stored: Quantized, ids: str) -> tuple[str, str]:
     """`(embedded tokens (batch, sequence, K), the head's float kernel (K, N))` of a tied
-    table, its integers stored once (the head's). 8 bits: the tokens' columns of the
-    integers and scales, gathered, then dequantized. 4 bits (ONNX's `Gather` takes no
-    int4): the columns of the dequantized kernel the head reads."""
-    inputs = _dequantize_inputs(g, stored, "lm_head")
-    kernel = g.node("DequantizeLinear", inputs, axis=0, block_size=stored.block_size)
-    if stored.bits == 4:
-        columns = g.node("Gather", [kernel, ids], axis=1)
-    else:  # (K, batch, sequence), its scales (K / block_size, batch, sequence)
-        gathered = [g.node("Gather", [x, ids], axis=1) for x in inputs]
-        columns = g.node("DequantizeLinear", gathered, axis=0, block_size=stored.block_size)
-    return g.node("Transpose", [columns], perm=[1, 2, 0]), kernel
+    table. The embedding reads its own copy of the head's numbers: onnxruntime fuses the
+    head's `DequantizeLinear` + `MatMul` only where nothing else reads its integers and
+    scales. The copy is the same integers one row a token, `(N, K)`, widened to 8 bits
+    (ONNX's `Gather` takes no int4; int8 holds every int4 exactly), and the same scales
+    `(N, K / block_size)` (and zero points): the tokens' rows are gathered, then
+    dequantized, the same values as the head's kernel's columns."""
+    kernel = dequantized_weight(g, stored, "lm_head")
+    integers, zero_points = standard_integers(stored)
+    signed = zero_points is None
+    rows = [
+        _integer_initializer(g, "embed_tokens.weight_q8", integers.T, 8, signed),
+        g.initializer("embed_tokens.weight_scales", np.ascontiguousarray(stored.scales)),
+    ]
+    if zero_points is not None:
+        rows.append(
+            _integer_initializer(g, "embed_tokens.weight_zero_points", zero_points.T, 8, signed)
+        )
+    gathered = [g.node("Gather", [x, ids]) for x in rows]  # (batch, sequence, ...)
+    return g.node("DequantizeLinear", gathered, axis=-1, block_size=stored.block_size), kernel
