@@ -45,7 +45,7 @@ from keras_posenc.export.decoder.weights_file import (
     use_external_data,
     write_onnx,
 )
-from keras_posenc.export.errors import VerificationError
+from keras_posenc.export.errors import ExportError, VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
