@@ -125,10 +125,14 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
     if quantization is not None:
         if attention != "gqa":
             raise ValueError("quantization is written with attention='gqa' only (MatMulNBits).")
-        refuse_unquantizable(decoder, quantization)
+        if decoder.stored is None:
+            refuse_unquantizable(decoder, quantization)
+    elif decoder.stored is not None:
+        raise ValueError("a model Keras quantized is written with its Quantization.")
     g = GraphBuilder()
     g.standard = attention == "standard"
     g.quantization = quantization
+    g.stored = decoder.stored
     if attention == "gqa":
         attend, opset = GqaAttention(decoder), GQA_OPSET
     elif attention == "standard":

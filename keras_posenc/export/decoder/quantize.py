@@ -10,6 +10,11 @@ zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8b
 
 Stored: `B` uint8 `(N, K / block_size, block_size * bits / 8)` (4 bits: two per byte,
 the lower K index in the low nibble), `scales` float32 `(N, K / block_size)`.
+
+A weight Keras quantized (`keras_quantized.py`) may also carry `zero_points` (asymmetric
+blocks: `w = (q - zero_point) * scale`), uint8 `(N, ceil(blocks * bits / 8))` packed as
+MatMulNBits reads them (4 bits: the lower block in the low nibble), and `rows`, its K
+where that is not a whole number of blocks (the last block padded).
 """
 
 from __future__ import annotations
@@ -25,18 +30,21 @@ MIN_BLOCK = 16
 @dataclasses.dataclass(frozen=True)
 class Quantized:
     """A quantized `(K, N)` kernel: `packed` `(N, blocks, block_size * bits / 8)` uint8,
-    `scales` `(N, blocks)` float32."""
+    `scales` `(N, blocks)` float32; `zero_points` None (symmetric: `2^(bits-1)`) or uint8
+    `(N, ceil(blocks * bits / 8))`; `rows` None (K is `blocks * block_size`) or K."""
 
     packed: np.ndarray
     scales: np.ndarray
     bits: int
     block_size: int
+    zero_points: np.ndarray | None = None
+    rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         """The kernel's `(K, N)`."""
         n, blocks, _ = self.packed.shape
-        return blocks * self.block_size, n
+        return (blocks * self.block_size if self.rows is None else self.rows), n
 
 
 def check_block_size(block_size) -> int:
@@ -83,21 +91,34 @@ def quantize(kernel: np.ndarray, bits: int, block_size: int) -> Quantized:
     return Quantized(packed, scales, bits, block_size)
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """uint8 bytes of two 4-bit integers each, the low nibble first along the last axis."""
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
 def unpacked(quantized: Quantized) -> np.ndarray:
     """The integers `q` `(N, blocks, block_size)`."""
     packed = quantized.packed
     if quantized.bits == 8:
         return packed
-    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1)
+    return nibbles(packed)
+
+
+def zero_points(quantized: Quantized) -> np.ndarray:
+    """The zero point of each block, `(N, blocks)` float32 (`2^(bits-1)` if none stored)."""
+    n, blocks, _ = quantized.packed.shape
+    if quantized.zero_points is None:
+        return np.full((n, blocks), 1 << (quantized.bits - 1), np.float32)
+    zeros = quantized.zero_points if quantized.bits == 8 else nibbles(quantized.zero_points)
+    return zeros[:, :blocks].astype(np.float32)
 
 
 def dequantize(quantized: Quantized) -> np.ndarray:
     """The float32 `(K, N)` kernel the file stores: `(q - zero) * scale`."""
-    zero = np.float32(1 << (quantized.bits - 1))
-    q = unpacked(quantized).astype(np.float32) - zero
+    q = unpacked(quantized).astype(np.float32) - zero_points(quantized)[..., None]
     w = (q * quantized.scales[..., None]).astype(np.float32)
     k, n = quantized.shape
-    return np.ascontiguousarray(w.reshape(n, k).T)
+    return np.ascontiguousarray(w.reshape(n, -1)[:, :k].T)
 
 
 def round_trip(kernel: np.ndarray, bits: int, block_size: int) -> np.ndarray:

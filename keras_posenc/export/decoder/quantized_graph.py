@@ -15,6 +15,12 @@ import dataclasses
 import numpy as np
 
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.keras_quantized import KerasInt8
+from keras_posenc.export.decoder.keras_quantized_graph import (
+    concatenated,
+    stored_embedding,
+    stored_matmul,
+)
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
 from keras_posenc.export.errors import ExportError
 
@@ -30,6 +36,10 @@ class Quantization:
     bits: int
     block_size: int
     accuracy_level: int
+    # The mode Keras quantized the model with ("int8", "int4"): its stored weights are
+    # written as they are (`block_size` then the inputs rounded together: int4's blocks,
+    # int8's widest row); None: quantized at export.
+    keras: str | None = None
 
 
 def checked_quantization(
@@ -65,6 +75,38 @@ def checked_quantization(
             "quantized files are written as ONNX only (formats=('onnx',))."
         )
     return Quantization(QUANTIZE_MODES[quantize_mode], block_size, int(accuracy_level))
+
+
+def keras_quantization(decoder, quantize_mode, accuracy_level, attention, formats):
+    """The `Quantization` of a model Keras quantized (`decoder.stored`), or None.
+
+    Raises:
+        ExportError: `quantize` given too (the model is quantized already), or an
+            attention or format its weights are not written for yet.
+        ValueError: an accuracy level MatMulNBits does not take.
+    """
+    if decoder.stored is None:
+        return None
+    if quantize_mode is not None:
+        raise ExportError(
+            f"quantize={quantize_mode!r}: the model is quantized by Keras already; its "
+            "stored weights are exported as they are (pass quantize=None)."
+        )
+    if isinstance(accuracy_level, bool) or accuracy_level not in ACCURACY_LEVELS:
+        raise ValueError(
+            f"accuracy_level must be one of {ACCURACY_LEVELS} (MatMulNBits' attribute), got "
+            f"{accuracy_level!r}."
+        )
+    if attention != "gqa" or any(kind != "onnx" for kind in formats):
+        raise ExportError(
+            f"a model Keras quantized is written with attention='gqa' and formats=('onnx',) "
+            f"only, not attention={attention!r}, formats={formats!r}."
+        )
+    stored = list(decoder.stored.values())
+    if any(isinstance(s, KerasInt8) for s in stored):
+        widest = max(s.shape[0] for s in stored)
+        return Quantization(8, widest, 0, keras="int8")
+    return Quantization(4, stored[0].block_size, int(accuracy_level), keras="int4")
 
 
 def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
@@ -135,8 +177,24 @@ def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str],
     )
 
 
+def _keras_stored(g: GraphBuilder, name: str):
+    """The stored form of weight `name` where Keras quantized the model, else None; the
+    packed q/k/v projection is its three kernels' side by side."""
+    stored = getattr(g, "stored", None)
+    if not stored:
+        return None
+    if name.endswith(".qkv_proj"):
+        prefix = name.removesuffix("qkv_proj")
+        return concatenated([stored[f"{prefix}{part}_proj"] for part in "qkv"])
+    return stored[name]
+
+
 def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, outputs=1) -> str:
-    """`x @ kernel`: a float32 MatMul, or MatMulNBits where the graph is quantized."""
+    """`x @ kernel`: a float32 MatMul, or MatMulNBits where the graph is quantized (the
+    stored form, `keras_quantized_graph.py`, where Keras quantized the model)."""
+    keras_stored = _keras_stored(g, name)
+    if keras_stored is not None:
+        return stored_matmul(g, x, keras_stored, name, outputs)
     if getattr(g, "quantization", None) is None:
         return g.node("MatMul", [x, g.initializer(name, kernel)], outputs)
     return _nbits(g, x, kernel, _stored(g, name, kernel), outputs)
@@ -145,6 +203,9 @@ def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, output
 def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
     """The head: a float32 MatMul, or MatMulNBits (over the weights a tied embedding's
     GatherBlockQuantized already reads, see `embedding_lookup`)."""
+    keras_stored = _keras_stored(g, "lm_head")
+    if keras_stored is not None:
+        return stored_matmul(g, hidden, keras_stored, "lm_head", outputs)
     if getattr(g, "quantization", None) is None:
         table = getattr(g, "tied_table", None) or g.initializer("lm_head", head)
         return g.node("MatMul", [hidden, table], outputs)
@@ -155,7 +216,11 @@ def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
 def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
     """The embedded tokens: a float32 Gather, or where the graph is quantized and the
     table tied, `GatherBlockQuantized` over the head's packed weights (each row of the
-    table is a column of the head: blocks along the width, the same nibbles)."""
+    table is a column of the head: blocks along the width, the same nibbles); a table
+    Keras quantized, from its stored form (`keras_quantized_graph.stored_embedding`)."""
+    keras_stored = _keras_stored(g, "embed_tokens")
+    if keras_stored is not None:
+        return stored_embedding(g, keras_stored, ids)
     if getattr(g, "quantization", None) is None:
         if not decoder.tied_head:
             return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])

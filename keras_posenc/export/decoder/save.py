@@ -31,7 +31,10 @@ from keras_posenc.export.decoder.litertlm_check import check_litertlm, litertlm_
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
-from keras_posenc.export.decoder.quantized_graph import checked_quantization
+from keras_posenc.export.decoder.quantized_graph import (
+    checked_quantization,
+    keras_quantization,
+)
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.decoder.weights_file import (
@@ -137,6 +140,8 @@ def save_decoder(
     progress.phase(f"describing the model (max_length {max_length})")
     with reporting(progress):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
+        keras_quantized = keras_quantization(decoder, quantize, accuracy_level, attention, formats)
+        quantization = keras_quantized or quantization
     plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
