@@ -148,7 +148,7 @@ def _embedding(embedding, owner: str):
     stored = {"embed_tokens": table, "lm_head": table if head is None else head}
     if head is None:  # tied: one array, the head its transpose (as the float model's)
         float_head = float_table.T
-    return float_table, float_head, {**stored, "layers": (embedding.name,)}
+    return float_table, float_head, {**stored, "layers": (id(embedding),)}
 
 
 def _blocks(family: HubFamily, backbone, max_length: int, tables: str, owner: str):

@@ -33,7 +33,6 @@ from keras_posenc.backend.keras_private import quantized_part
 from keras_posenc.export.decoder.quantize import Quantized, nibbles
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.quantized import quantized_layers
 
 SUPPORTED = ("int8", "int4 with blocks (Keras's default, block_size > 0)")
 _READABLE = ("Dense", "EinsumDense", "Embedding", "ReversibleEmbedding")
@@ -111,7 +110,7 @@ def keras_dequantized(stored) -> np.ndarray:
         return (stored.integers.astype(np.float32) / stored.scales).astype(np.float32)
     q = nibbles(stored.packed).astype(np.float32)
     zeros = nibbles(stored.zero_points)[:, : stored.scales.shape[1]].astype(np.float32)
-    w = ((q.reshape(*stored.packed.shape[:2], -1) - zeros[..., None]) * stored.scales[..., None])
+    w = (q.reshape(*stored.packed.shape[:2], -1) - zeros[..., None]) * stored.scales[..., None]
     k, n = stored.shape
     return np.ascontiguousarray(w.astype(np.float32).reshape(n, -1)[:, :k].T)
 
@@ -210,6 +209,20 @@ def _refused(layer, mode: str, owner: str) -> ExportError:
     )
 
 
+def _mode_of(layer) -> str | None:
+    mode = getattr(layer, "quantization_mode", None)
+    if mode is None:
+        mode = getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+    return str(mode) if mode else None
+
+
+def _quantized(model) -> list:
+    """`[(layer, mode)]` of every quantized layer of `model`, nested ones too."""
+    from keras_posenc.backend.keras_private import all_layers
+
+    return [(layer, _mode_of(layer)) for layer in all_layers(model) if _mode_of(layer)]
+
+
 def refuse_unexportable(model, what: str = "save_decoder") -> str | None:
     """The Keras quantization mode of `model` (None: not quantized), or an ExportError
     naming the first layer whose mode or class the export cannot write, before any work.
@@ -218,26 +231,37 @@ def refuse_unexportable(model, what: str = "save_decoder") -> str | None:
         ExportError: float8, gptq, awq, int4 per channel, a layer class other than
             Dense / EinsumDense / Embedding / ReversibleEmbedding, or a mix of modes.
     """
-    from keras_posenc.backend.keras_private import all_layers
-
-    found = quantized_layers(model)
-    if not found:
-        return None
-    layers = {layer.name: layer for layer in all_layers(model)}
-    for name, mode in found.items():
-        layer = layers.get(name)
-        kind = type(layer).__name__
-        if mode not in ("int8", "int4") or kind not in _READABLE:
-            raise _refused(layer, mode, f"{what}: {model.name!r}")
+    found = _quantized(model)
+    owner = f"{what}: {model.name!r}"
+    for layer, mode in found:
+        if mode not in ("int8", "int4") or type(layer).__name__ not in _READABLE:
+            raise _refused(layer, mode, owner)
         if mode == "int4":
-            _block(layer, f"{what}: {model.name!r}")
-    modes = sorted(set(found.values()))
+            _block(layer, owner)
+    modes = sorted({mode for _, mode in found})
     if len(modes) > 1:
         raise ExportError(
-            f"{what}: {model.name!r} mixes Keras quantization modes ({', '.join(modes)}); "
-            "the export writes one mode per model."
+            f"{owner} mixes Keras quantization modes ({', '.join(modes)}); the export "
+            "writes one mode per model."
         )
-    return modes[0]
+    return modes[0] if modes else None
+
+
+@contextlib.contextmanager
+def unrounded_inputs(model):
+    """Within the block, `model`'s int8 layers take their inputs unrounded (their
+    `inputs_quantizer` off: Keras's weight-only int8 arithmetic); given back after."""
+    changed = []
+    for layer, mode in _quantized(model):
+        if mode == "int8" and getattr(layer, "inputs_quantizer", None) is not None:
+            changed.append((layer, layer.inputs_quantizer))
+    try:
+        for layer, _ in changed:
+            layer.inputs_quantizer = None
+        yield model
+    finally:
+        for layer, quantizer in changed:
+            layer.inputs_quantizer = quantizer
 
 
 _COLLECTED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -248,7 +272,7 @@ _COLLECTED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 @dataclasses.dataclass
 class Collected:
     """What the readers read of quantized layers: `by_content` `{content_key(float (K, N)):
-    stored}` and the names of the layers read."""
+    stored}` and the ids of the layers read."""
 
     by_content: dict = dataclasses.field(default_factory=dict)
     layers: set = dataclasses.field(default_factory=set)
@@ -280,7 +304,7 @@ def kernel_of(layer, owner: str) -> np.ndarray:
     collected = _COLLECTED.get()
     if collected is not None:
         collected.by_content[content_key(dequantized)] = stored
-        collected.layers.add(layer.name)
+        collected.layers.add(id(layer))
     k = dequantized.shape[0]
     shape = tuple(layer.kernel.shape)
     reduced = next(s for s in range(1, len(shape) + 1) if int(np.prod(shape[:s])) == k)
@@ -295,11 +319,8 @@ def stored_weights(model, named: list, collected: Collected, embedding: dict) ->
         ExportError: a quantized layer of `model` the readers did not read as stored, or a
             kernel of the description no read layer holds.
     """
-    unread = sorted(
-        name
-        for name in quantized_layers(model)
-        if name not in collected.layers and name not in embedding.get("layers", ())
-    )
+    read = collected.layers | set(embedding.get("layers", ()))
+    unread = sorted(layer.path for layer, _ in _quantized(model) if id(layer) not in read)
     if unread:
         raise ExportError(
             f"{model.name!r}: its quantized layers {unread} are not read by the export's "

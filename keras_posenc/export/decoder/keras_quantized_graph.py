@@ -69,9 +69,7 @@ def _int8_matmul(g: GraphBuilder, x: str, stored: KerasInt8, name: str, outputs)
         [g.constant(high, np.float32), g.node("Add", [largest, g.constant(epsilon, np.float32)])],
     )
     rounded = g.node("Round", [g.node("Mul", [x, step])])
-    clipped = g.node(
-        "Clip", [rounded, g.constant(low, np.float32), g.constant(high, np.float32)]
-    )
+    clipped = g.node("Clip", [rounded, g.constant(low, np.float32), g.constant(high, np.float32)])
     x_q = g.node("Cast", [clipped], to=TensorProto.INT8)
     product = g.node("Cast", [g.node("MatMulInteger", [x_q, q])], to=TensorProto.FLOAT)
     return g.node("Div", [product, g.node("Mul", [scales, step])], outputs)
@@ -118,25 +116,27 @@ def _nibbles(g: GraphBuilder, packed: str, length: int) -> str:
         axis=-1,
     )
     flat = g.node("Reshape", [pairs, g.constant([0, 0, -1], np.int64)])
-    flat = g.node(
-        "Slice", [flat, g.constant([0], np.int64), g.constant([length], np.int64),
-                  g.constant([-1], np.int64)],
-    )
-    return g.node("Cast", [flat], to=TensorProto.FLOAT)
+    return g.node("Cast", [_first(g, flat, length)], to=TensorProto.FLOAT)
+
+
+def _first(g: GraphBuilder, x: str, length: int) -> str:
+    """The first `length` entries of `x`'s last axis."""
+    ends = g.constant([length], np.int64)
+    return g.node("Slice", [x, g.constant([0], np.int64), ends, g.constant([-1], np.int64)])
 
 
 def stored_embedding(g: GraphBuilder, table, ids: str) -> str:
     """The embedded tokens `(batch, sequence, width)` from the stored table (`KerasInt8`
     of the head's `(width, vocabulary)` layout, or a `Quantized` with K the width)."""
     if isinstance(table, KerasInt8):
-        q, scales = _int8_initializers(g, table, "lm_head")
+        q, scales = _int8_initializers(g, table, "embed_tokens")
         rows = g.node("Gather", [q, ids], axis=1)  # (width, batch, sequence)
         rows = g.node("Cast", [g.node("Transpose", [rows], perm=[1, 2, 0])], to=TensorProto.FLOAT)
         scale = g.node("Unsqueeze", [g.node("Gather", [scales, ids]), g.constant([-1], np.int64)])
         return g.node("Div", [rows, scale])
-    packed, scales, zeros = _nbits_initializers(g, table, "lm_head")
+    packed, scales, zeros = _nbits_initializers(g, table, "embed_tokens")
     width, vocabulary = table.shape
-    n, blocks, per_block = table.packed.shape
+    _, blocks, per_block = table.packed.shape
     flat = g.node("Reshape", [packed, g.constant([vocabulary, blocks * per_block], np.int64)])
     values = _nibbles(g, g.node("Gather", [flat, ids]), blocks * table.block_size)
     zero = _nibbles(g, g.node("Gather", [zeros, ids]), blocks)
@@ -146,8 +146,27 @@ def stored_embedding(g: GraphBuilder, table, ids: str) -> str:
     times = g.node("Unsqueeze", [scale, g.constant([-1], np.int64)])
     rows = g.node("Mul", [g.node("Sub", [by_block, shift]), times])
     rows = g.node("Reshape", [rows, g.constant([0, 0, blocks * table.block_size], np.int64)])
-    del n
-    return g.node(
-        "Slice", [rows, g.constant([0], np.int64), g.constant([width], np.int64),
-                  g.constant([-1], np.int64)],
-    )
+    return _first(g, rows, width)
+
+
+def without_input_rounding(model) -> None:
+    """Rewrites `model` (an `onnx.ModelProto`, in place) so that each int8 product takes
+    its inputs unrounded: `MatMulInteger(x_q, q)` becomes `MatMul(x * s, Cast<float>(q))`
+    (then divided by `scale * s` as before): Keras's int8 arithmetic without the input
+    rounding, which its model computes with its `inputs_quantizer`s off
+    (`keras_quantized.unrounded_inputs`). The weights are then judged to float32
+    tolerance, which the rounding's bound is too wide to do."""
+    from onnx import helper
+
+    producer = {output: node for node in model.graph.node for output in node.output}
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "MatMulInteger":
+            cast = producer[node.input[0]]  # Cast <- Clip <- Round <- Mul(x, s)
+            scaled = producer[producer[producer[cast.input[0]].input[0]].input[0]]
+            weights = f"{node.input[1]}_float"
+            nodes.append(helper.make_node("Cast", [node.input[1]], [weights], to=TensorProto.FLOAT))
+            node = helper.make_node("MatMul", [scaled.output[0], weights], list(node.output))
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)

@@ -190,16 +190,18 @@ def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
     }
 
 
-def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequantized) -> dict:
+def verify_quantized(
+    model, greedy_of, runtimes: dict, cases: list, judge, dequantized, against_float32=True
+) -> dict:
     """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
     `judge(name, expected, got, mask)` against `greedy_of(model)` run inside `dequantized` (the
     context of `dequantized_weights`), with `float_agreement` against the float32 model's
-    prompt logits beside it. `dequantized` None: `model` is the reference itself (a model
-    Keras quantized), and there is no float32 model to compare with."""
+    prompt logits beside it. `dequantized` None: `model` itself; `against_float32` False:
+    there is no float32 model to compare with (a model Keras quantized)."""
     float_logits = [None] * len(cases)
     if dequantized is None:
         dequantized = contextlib.nullcontext(model)
-    else:
+    if against_float32:
         float_greedy = greedy_of(model)
         float_logits = [float_greedy(c["prompts"], c["mask"], 0)[1][0] for c in cases]
     with dequantized:

@@ -77,8 +77,9 @@ def checked_quantization(
     return Quantization(QUANTIZE_MODES[quantize_mode], block_size, int(accuracy_level))
 
 
-def keras_quantization(decoder, quantize_mode, accuracy_level, attention, formats):
-    """The `Quantization` of a model Keras quantized (`decoder.stored`), or None.
+def keras_quantization(decoder, quantize_mode, block_size, accuracy_level, attention, formats):
+    """The `Quantization` of a model Keras quantized (`decoder.stored`), or None
+    (`block_size` is its own: not read).
 
     Raises:
         ExportError: `quantize` given too (the model is quantized already), or an

@@ -7,6 +7,8 @@ from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
 )
+from keras_posenc.export.decoder.keras_quantized import unrounded_inputs
+from keras_posenc.export.decoder.keras_quantized_graph import without_input_rounding
 from keras_posenc.export.decoder.quantized_check import (
     compare_with_bound,
     dequantized_weights,
@@ -28,7 +30,9 @@ def float_arithmetic_runtime(path, max_length: int, quantization, slot=None) -> 
     at the first call, through `slot` (an `on_demand.OneAtATime`) where given."""
     from keras_posenc.export.decoder.on_demand import OneAtATime
 
-    if quantization is None or quantization.accuracy_level in FLOAT_LEVELS:
+    if quantization is None:
+        return {}
+    if quantization.accuracy_level in FLOAT_LEVELS and quantization.keras != "int8":
         return {}
     slot = OneAtATime() if slot is None else slot
     return {FLOAT_RUNTIME: slot.runtime(FLOAT_RUNTIME, lambda: _float_arithmetic(path, max_length))}
@@ -42,6 +46,7 @@ def _float_arithmetic(path, max_length: int):
     from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 
     model = onnx.load(path)
+    without_input_rounding(model)  # a model Keras quantized in int8: its MatMulIntegers
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             for attribute in node.attribute:
@@ -86,11 +91,12 @@ def verify_quantized_decoder(
     if quantization.keras is not None:
         name = f"the {quantization.keras} model Keras quantized"
     progress.say(f"verifying against {name} (the file's weights), {len(cases)} cases")
-    dequantized = None  # a model Keras quantized is its own reference
     if quantization.keras is None:
         dequantized = dequantized_weights(model, decoder, quantization)
-    decoder = None  # the context holds it until it has made the reference's weights
-    report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
+        decoder = None  # the context holds it until it has made the reference's weights
+        report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
+    else:
+        report = _verify_keras_quantized(model, greedy_of, runtimes, cases, judge, quantization)
     report["passed"] = failure_message(report) is None
     report["quantization"] = {
         "bits": quantization.bits,
@@ -100,4 +106,19 @@ def verify_quantized_decoder(
     }
     if quantization.keras is not None:
         report["quantization"]["keras"] = quantization.keras
+    return report
+
+
+def _verify_keras_quantized(model, greedy_of, runtimes, cases, judge, quantization) -> dict:
+    """A model Keras quantized is its own reference; the file's bytes with float arithmetic
+    (`FLOAT_RUNTIME`: no input rounding in int8, accuracy_level 0 in int4) are judged
+    against the same model with its int8 layers' input rounding off, to float32 tolerance."""
+    rounded = {name: run for name, run in runtimes.items() if name != FLOAT_RUNTIME}
+    report = verify_quantized(model, greedy_of, rounded, cases, judge, None, False)
+    if FLOAT_RUNTIME in runtimes:
+        unrounded = unrounded_inputs(model) if quantization.keras == "int8" else None
+        floats = {FLOAT_RUNTIME: runtimes[FLOAT_RUNTIME]}
+        extra = verify_quantized(model, greedy_of, floats, cases, judge, unrounded, False)
+        for case, more in zip(report["cases"], extra["cases"], strict=True):
+            case["runtimes"].update(more["runtimes"])
     return report

@@ -121,7 +121,7 @@ def save_decoder(
         prefill_lengths: `model.litertlm`'s `prefill_<n>` lengths (None: the defaults).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
-        quantize, block_size, accuracy_level: int8/int4 MatMulNBits (docs/quantization.md).
+        quantize, block_size, accuracy_level: int8/int4 (docs/quantization.md; Keras's own too).
 
     Returns:
         The verification report (`{}` with `verify=False`), also `folder/verification.json`:
@@ -132,16 +132,13 @@ def save_decoder(
         VerificationError: a file does not generate as Keras does; its report is left at
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
-    formats, max_length = _checked(attention, formats, max_length, verify)
-    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
+    formats, max_length = _checked(attention, formats, max_length, verify, external_data)
+    asked = (quantize, block_size, accuracy_level, attention, formats)
+    quantization = checked_quantization(*asked)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
-    use_external_data(0, external_data)  # a wrong value, before any work
-    progress = Progress(check_verbose(verbose), folder)
-    progress.phase(f"describing the model (max_length {max_length})")
-    with reporting(progress):
+    with reporting(progress := Progress(check_verbose(verbose), folder)):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
-        keras_quantized = keras_quantization(decoder, quantize, accuracy_level, attention, formats)
-        quantization = keras_quantized or quantization
+        quantization = keras_quantization(decoder, *asked) or quantization  # Keras's own
     plan = _plan(model, decoder, formats, max_length, prefill_lengths)
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
@@ -210,8 +207,9 @@ def _onnx(decoder, attention: str, quantization):
     return decoder_onnx(decoder, attention, quantization)
 
 
-def _checked(attention: str, formats, max_length, verify: bool) -> tuple[tuple, int]:
-    """`(formats, max_length)` checked, before any work."""
+def _checked(attention: str, formats, max_length, verify: bool, external_data) -> tuple:
+    """`(formats, max_length)` checked (and `external_data`), before any work."""
+    use_external_data(0, external_data)  # a wrong value, before any work
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -291,6 +289,7 @@ def _described(model, max_length: int, bfloat16: str):
     Keras's step model) and the cache slots the reference holds."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
+    progress_lines.phase(f"describing the model (max_length {max_length})")
     refuse_model_kind(model)
     hub = bridge.is_keras_hub_causal_lm(model)
     if hub:
