@@ -18,6 +18,7 @@ import pytest
 from float32_error import U, assert_within_bound, linear_error
 from keras_hub_models import GENAI, tiny_causal_lm
 from onnx import TensorProto, helper, numpy_helper
+from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import save
@@ -180,6 +181,31 @@ def _first_layers(model, name_part: str):
     )
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4", "int4 per channel", "one Dense int8"])
+def test_a_keras_quantized_step_model_exports_as_stored_and_verified(tmp_path, mode):
+    keras.utils.set_random_seed(0)
+    model = step_model()
+    if mode == "int4 per channel":  # Keras computes it as int8: (x_q @ q) / (scale s)
+        model.quantize("int4", config=keras.quantizers.Int4QuantizationConfig(block_size=-1))
+    elif mode == "one Dense int8":  # the other layers float32, written as float MatMuls
+        next(layer for layer in model.layers if hasattr(layer, "up")).up.quantize("int8")
+    else:
+        model.quantize(mode)
+    report = save_decoder(model, tmp_path / "q", max_length=MAX_LENGTH, verbose=0)
+    assert report["passed"] and report["quantization"]["keras"] == mode.removeprefix("one Dense ")
+    # Its bytes with float arithmetic judged to float32 tolerance beside the file as written.
+    assert report["cases"][0]["runtimes"]["onnxruntime, accuracy_level 0"]["passed"]
+    ops = [node.op_type for node in onnx.load(tmp_path / "q" / "model.onnx").graph.node]
+    # per layer: packed q/k/v, o, gate, up, down; then the head. int4 per channel rounds
+    # no inputs (Int4QuantizationConfig's default): a float MatMul over its integers.
+    products = {"MatMulInteger": 0, "MatMulNBits": 0, "MatMul": 0}
+    kind = {"int4": "MatMulNBits", "int4 per channel": "MatMul"}.get(mode, "MatMulInteger")
+    products[kind] = 2 * 5 + 1
+    if mode == "one Dense int8":
+        products.update(MatMulInteger=1, MatMul=2 * 5)
+    assert {op: ops.count(op) for op in products} == products
+
+
 def _scaled(name_part: str):
     def tamper(model):
         tensor = _first_layers(model, name_part)
@@ -234,10 +260,6 @@ def test_the_dequantized_weights_are_what_keras_computes_with():
     np.testing.assert_array_equal(keras_dequantized(stored), expected)
 
 
-def _int4_per_channel(causal_lm):
-    causal_lm.quantize("int4", config=keras.quantizers.Int4QuantizationConfig(block_size=-1))
-
-
 def _float8(causal_lm):
     causal_lm.quantize("float8")
 
@@ -252,7 +274,6 @@ def _mixed(causal_lm):
 @pytest.mark.parametrize(
     "quantize,options,words",
     [
-        (_int4_per_channel, {}, "int4 per channel"),
         (_float8, {}, "'float8'"),
         (_mixed, {}, "mixes Keras quantization modes"),
         (lambda m: m.quantize("int8"), {"quantize": "int4"}, "quantized by Keras already"),

@@ -16,8 +16,11 @@ Keras 3.15 stores (never re-quantized here, only repacked):
   int4 with blocks: blocks along the width, as the int4 kernels (a tied head is the same
   `Quantized`, K the width and N the vocabulary).
 
-int4 per channel (`block_size=None`/`-1`), float8, gptq and awq, and a model mixing modes
-are refused by name (`refuse_unexportable`).
+- **int4 per channel** (`block_size=None`/`-1`): `q` in `[-8, 7]` packed along the output
+  axis, one scale per output channel, `w = q / scale`, inputs rounded as int8's where the
+  layer has an input quantizer: read as a `KerasInt8` of `bits` 4 (a byte a value).
+
+float8, gptq and awq, and a model mixing modes are refused by name (`refuse_unexportable`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from keras_posenc.export.decoder.quantize import Quantized, nibbles
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
-SUPPORTED = ("int8", "int4 with blocks (Keras's default, block_size > 0)")
+SUPPORTED = ("int8", "int4 (blocks, Keras's default, or per channel)")
 _READABLE = ("Dense", "EinsumDense", "Embedding", "ReversibleEmbedding")
 
 
@@ -47,6 +50,7 @@ class KerasInt8:
     integers: np.ndarray
     scales: np.ndarray
     activation: tuple[int, int, float] | None
+    bits: int = 8  # 4: Keras's int4 per channel (integers in [-8, 7], stored a byte each)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -122,14 +126,10 @@ def _unpack_signed(packed: np.ndarray, length: int, axis: int) -> np.ndarray:
     return np.moveaxis(np.where(values > 7, values - 16, values).astype(np.int8), -1, axis)
 
 
-def _block(layer, owner: str) -> int:
+def _block(layer) -> int | None:
+    """An int4 layer's block size, or None: int4 per channel."""
     block = quantized_part(layer, "int4_block_size")
-    if block is None or block <= 0:
-        raise ExportError(
-            f"{owner}: {layer.name!r} is int4 per channel (block_size None or -1), which the "
-            f"export does not write yet; supported: {', '.join(SUPPORTED)}."
-        )
-    return int(block)
+    return None if block is None or block <= 0 else int(block)
 
 
 def _check_groups(layer, length: int, block: int, owner: str) -> None:
@@ -147,8 +147,12 @@ def read_kernel(layer, owner: str):
         scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
         n = scales.size
         stored = KerasInt8(q.reshape(-1, n).astype(np.int8), scales, _activation(layer, owner))
+    elif mode == "int4" and _block(layer) is None:
+        scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
+        q = _unpack_signed(_value(quantized_part(layer, "kernel")), scales.size, axis=-1)
+        stored = KerasInt8(q, scales, _activation(layer, owner), bits=4)
     elif mode == "int4":
-        block = _block(layer, owner)
+        block = _block(layer)
         scales = _value(layer.kernel_scale)
         n = scales.shape[-1]
         q = _unpack_signed(_value(quantized_part(layer, "kernel")), n, axis=-1)
@@ -177,8 +181,10 @@ def read_embedding(embedding, owner: str):
                 _value(embedding.reverse_embeddings_scale).astype(np.float32),
                 _activation(embedding, owner),
             )
+    elif mode == "int4" and _block(embedding) is None:
+        table, head = _per_channel_embedding(embedding, integers, tied, owner)
     elif mode == "int4":
-        block = _block(embedding, owner)
+        block = _block(embedding)
         width = int(quantized_part(embedding, "orig_output_dim") or embedding.output_dim)
         if getattr(embedding, "inputs_quantizer", None) is not None:
             raise ExportError(f"{owner}: {embedding.name!r} is int4 with quantized inputs.")
@@ -201,11 +207,25 @@ def read_embedding(embedding, owner: str):
     return table, head, np.ascontiguousarray(keras_dequantized(table).T), float_head
 
 
+def _per_channel_embedding(embedding, integers, tied: bool, owner: str):
+    """`(table, head or None)` of an Embedding Keras quantized int4 per channel: as int8,
+    the integers in `[-8, 7]` (one scale per token; the untied head's per vocabulary)."""
+    width = embedding.output_dim
+    activation = _activation(embedding, owner)
+    scales = _value(embedding.embeddings_scale).reshape(-1).astype(np.float32)
+    table = KerasInt8(_unpack_signed(integers, width, axis=-1).T, scales, activation, bits=4)
+    if tied:
+        return table, None
+    reverse = _unpack_signed(_value(embedding.reverse_embeddings), width, axis=0)
+    reverse_scales = _value(embedding.reverse_embeddings_scale).reshape(-1).astype(np.float32)
+    return table, KerasInt8(reverse, reverse_scales, activation, bits=4)
+
+
 def _refused(layer, mode: str, owner: str) -> ExportError:
     return ExportError(
         f"{owner}: {type(layer).__name__} {layer.name!r} is quantized by Keras as {mode!r}, "
         f"which the export cannot write exactly; supported: {', '.join(SUPPORTED)} in "
-        f"{', '.join(_READABLE)} layers."
+        f"{', '.join(_READABLE)} layers. Export the float model (before `quantize()`)."
     )
 
 
@@ -228,7 +248,7 @@ def refuse_unexportable(model, what: str = "save_decoder") -> str | None:
     naming the first layer whose mode or class the export cannot write, before any work.
 
     Raises:
-        ExportError: float8, gptq, awq, int4 per channel, a layer class other than
+        ExportError: float8, gptq, awq, a layer class other than
             Dense / EinsumDense / Embedding / ReversibleEmbedding, or a mix of modes.
     """
     found = _quantized(model)
@@ -236,8 +256,6 @@ def refuse_unexportable(model, what: str = "save_decoder") -> str | None:
     for layer, mode in found:
         if mode not in ("int8", "int4") or type(layer).__name__ not in _READABLE:
             raise _refused(layer, mode, owner)
-        if mode == "int4":
-            _block(layer, owner)
     modes = sorted({mode for _, mode in found})
     if len(modes) > 1:
         raise ExportError(
@@ -252,8 +270,8 @@ def unrounded_inputs(model):
     """Within the block, `model`'s int8 layers take their inputs unrounded (their
     `inputs_quantizer` off: Keras's weight-only int8 arithmetic); given back after."""
     changed = []
-    for layer, mode in _quantized(model):
-        if mode == "int8" and getattr(layer, "inputs_quantizer", None) is not None:
+    for layer, _ in _quantized(model):
+        if getattr(layer, "inputs_quantizer", None) is not None:
             changed.append((layer, layer.inputs_quantizer))
     try:
         for layer, _ in changed:
@@ -313,11 +331,11 @@ def kernel_of(layer, owner: str) -> np.ndarray:
 
 def stored_weights(model, named: list, collected: Collected, embedding: dict) -> dict:
     """`{name: stored}` of each of `named` (`[(name, kernel (K, N))]`, the description's
-    projections) and `embedding` (`{"embed_tokens": ..., "lm_head": ...}`).
+    projections) that a quantized layer holds, and `embedding` (`{"embed_tokens": ...,
+    "lm_head": ...}`); the others are float layers.
 
     Raises:
-        ExportError: a quantized layer of `model` the readers did not read as stored, or a
-            kernel of the description no read layer holds.
+        ExportError: a quantized layer of `model` the readers did not read as stored.
     """
     read = collected.layers | set(embedding.get("layers", ()))
     unread = sorted(layer.path for layer, _ in _quantized(model) if id(layer) not in read)
@@ -328,10 +346,7 @@ def stored_weights(model, named: list, collected: Collected, embedding: dict) ->
         )
     stored = {key: value for key, value in embedding.items() if key != "layers"}
     for name, kernel in named:
-        if name in stored:
-            continue
         found = collected.by_content.get(content_key(kernel))
-        if found is None:
-            raise ExportError(f"{name}: its quantized weights were not read as stored.")
-        stored[name] = found
+        if name not in stored and found is not None:  # the others: float layers
+            stored[name] = found
     return stored

@@ -36,10 +36,16 @@ class Quantization:
     bits: int
     block_size: int
     accuracy_level: int
-    # The mode Keras quantized the model with ("int8", "int4"): its stored weights are
-    # written as they are (`block_size` then the inputs rounded together: int4's blocks,
-    # int8's widest row); None: quantized at export.
+    # The mode Keras quantized the model with ("int8", "int4", "int4 per channel"): its
+    # stored weights are written as they are (`block_size` then the inputs rounded
+    # together: int4's blocks, the widest row where Keras rounds its rows); None:
+    # quantized at export.
     keras: str | None = None
+
+    @property
+    def keras_rounded(self) -> bool:
+        """Whether the file computes Keras's products of rounded rows (`KerasInt8`)."""
+        return self.keras in ("int8", "int4 per channel")
 
 
 def checked_quantization(
@@ -104,9 +110,13 @@ def keras_quantization(decoder, quantize_mode, block_size, accuracy_level, atten
             f"only, not attention={attention!r}, formats={formats!r}."
         )
     stored = list(decoder.stored.values())
-    if any(isinstance(s, KerasInt8) for s in stored):
+    kinds = {(type(s).__name__, s.bits) for s in stored}
+    if len(kinds) > 1:
+        raise ExportError(f"the model mixes Keras quantizations {sorted(kinds)}; not exported.")
+    if isinstance(stored[0], KerasInt8):  # rounded inputs: the widest row rounded together
         widest = max(s.shape[0] for s in stored)
-        return Quantization(8, widest, 0, keras="int8")
+        mode = "int8" if stored[0].bits == 8 else "int4 per channel"
+        return Quantization(stored[0].bits, widest, 0, keras=mode)
     return Quantization(4, stored[0].block_size, int(accuracy_level), keras="int4")
 
 
@@ -179,15 +189,26 @@ def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str],
 
 
 def _keras_stored(g: GraphBuilder, name: str):
-    """The stored form of weight `name` where Keras quantized the model, else None; the
-    packed q/k/v projection is its three kernels' side by side."""
+    """The stored form of weight `name` where Keras quantized it, else None; the packed
+    q/k/v projection is its three kernels' side by side (all three quantized, or none)."""
     stored = getattr(g, "stored", None)
     if not stored:
         return None
     if name.endswith(".qkv_proj"):
         prefix = name.removesuffix("qkv_proj")
-        return concatenated([stored[f"{prefix}{part}_proj"] for part in "qkv"])
-    return stored[name]
+        parts = [stored.get(f"{prefix}{part}_proj") for part in "qkv"]
+        if all(part is None for part in parts):
+            return None
+        if any(part is None for part in parts):
+            raise ExportError(f"{prefix}: q, k and v are not all quantized; not exported.")
+        return concatenated(parts)
+    return stored.get(name)
+
+
+def _float(g: GraphBuilder) -> bool:
+    """Whether the weights not stored quantized are float32 (a float graph, or a model
+    Keras quantized: its float layers stay float)."""
+    return getattr(g, "quantization", None) is None or getattr(g, "stored", None) is not None
 
 
 def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, outputs=1) -> str:
@@ -196,7 +217,7 @@ def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, output
     keras_stored = _keras_stored(g, name)
     if keras_stored is not None:
         return stored_matmul(g, x, keras_stored, name, outputs)
-    if getattr(g, "quantization", None) is None:
+    if _float(g):
         return g.node("MatMul", [x, g.initializer(name, kernel)], outputs)
     return _nbits(g, x, kernel, _stored(g, name, kernel), outputs)
 
@@ -207,7 +228,7 @@ def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
     keras_stored = _keras_stored(g, "lm_head")
     if keras_stored is not None:
         return stored_matmul(g, hidden, keras_stored, "lm_head", outputs)
-    if getattr(g, "quantization", None) is None:
+    if _float(g):
         table = getattr(g, "tied_table", None) or g.initializer("lm_head", head)
         return g.node("MatMul", [hidden, table], outputs)
     stored = getattr(g, "head_stored", None) or _stored(g, "lm_head", head)
@@ -222,7 +243,7 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
     keras_stored = _keras_stored(g, "embed_tokens")
     if keras_stored is not None:
         return stored_embedding(g, keras_stored, ids)
-    if getattr(g, "quantization", None) is None:
+    if _float(g):
         if not decoder.tied_head:
             return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
         # One table for both, stored once: the head's (width, vocabulary), by column.

@@ -32,7 +32,7 @@ def float_arithmetic_runtime(path, max_length: int, quantization, slot=None) -> 
 
     if quantization is None:
         return {}
-    if quantization.accuracy_level in FLOAT_LEVELS and quantization.keras != "int8":
+    if quantization.accuracy_level in FLOAT_LEVELS and not quantization.keras_rounded:
         return {}
     slot = OneAtATime() if slot is None else slot
     return {FLOAT_RUNTIME: slot.runtime(FLOAT_RUNTIME, lambda: _float_arithmetic(path, max_length))}
@@ -79,7 +79,7 @@ def verify_quantized_decoder(
     chain = 2 * layers + 1  # each layer's attention and MLP, then the head
     # Keras's int8 layers round their inputs (the file does the same, so only the rows
     # whose float32 inputs differ by a rounding boundary differ: bounded the same way).
-    bounded = quantization.accuracy_level not in FLOAT_LEVELS or quantization.keras == "int8"
+    bounded = quantization.accuracy_level not in FLOAT_LEVELS or quantization.keras_rounded
 
     def judge(name, expected, got, mask):
         if bounded and name != FLOAT_RUNTIME:
@@ -116,7 +116,7 @@ def _verify_keras_quantized(model, greedy_of, runtimes, cases, judge, quantizati
     rounded = {name: run for name, run in runtimes.items() if name != FLOAT_RUNTIME}
     report = verify_quantized(model, greedy_of, rounded, cases, judge, None, False)
     if FLOAT_RUNTIME in runtimes:
-        unrounded = unrounded_inputs(model) if quantization.keras == "int8" else None
+        unrounded = unrounded_inputs(model) if quantization.keras_rounded else None
         floats = {FLOAT_RUNTIME: runtimes[FLOAT_RUNTIME]}
         extra = verify_quantized(model, greedy_of, floats, cases, judge, unrounded, False)
         for case, more in zip(report["cases"], extra["cases"], strict=True):
