@@ -177,3 +177,7 @@ def without_input_rounding(model) -> None:
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input}  # the zero point 128 is not
+    kept = [tensor for tensor in model.graph.initializer if tensor.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
