@@ -10,13 +10,15 @@ cannot write are refused before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
 from float32_error import U, assert_within_bound, linear_error
-from keras_hub_models import GENAI, tiny_causal_lm
+from keras_hub_models import GENAI, tiny_causal_lm, tiny_gpt_oss
 from onnx import TensorProto, helper, numpy_helper
 from test_decoder_save import step_model
 
@@ -31,9 +33,14 @@ from keras_posenc.export.decoder.keras_quantized import (
     read_kernel,
 )
 from keras_posenc.export.decoder.keras_quantized_graph import stored_embedding, stored_matmul
+from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress
 from keras_posenc.export.decoder.quantized_check import activation_bound
-from keras_posenc.export.decoder.quantized_graph import Quantization, keras_quantization
+from keras_posenc.export.decoder.quantized_graph import (
+    Quantization,
+    keras_quantization,
+    refuse_keras_quantized,
+)
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm
@@ -278,6 +285,9 @@ def _mixed(causal_lm):
         (_mixed, {}, "mixes Keras quantization modes"),
         (lambda m: m.quantize("int8"), {"quantize": "int4"}, "quantized by Keras already"),
         (lambda m: m.quantize("int4"), {"attention": "standard"}, "attention='gqa'"),
+        (lambda m: m.quantize("int8"), {"attention": "standard"}, "attention='standard'"),
+        (lambda m: m.quantize("int8"), {"formats": ("litert",)}, "litert files are not"),
+        (lambda m: m.quantize("int4"), {"formats": ("onnx", "litertlm")}, "litertlm files"),
     ],
 )
 def test_what_cannot_be_written_is_refused_before_anything_is_written(
@@ -288,3 +298,28 @@ def test_what_cannot_be_written_is_refused_before_anything_is_written(
     with pytest.raises(ExportError, match=words):
         save_decoder(causal_lm, tmp_path / "q", max_length=MAX_LENGTH, verbose=0, **options)
     assert not (tmp_path / "q").exists()
+
+
+def test_a_keras_quantized_mixture_of_experts_is_refused_before_anything_is_written(tmp_path):
+    # keras_hub's GPT-OSS quantized: its reader names the quantized layers it does not read.
+    causal_lm = tiny_gpt_oss()
+    causal_lm.quantize("int8")
+    with pytest.raises(ExportError, match="quantized layers.*not read"):
+        save_decoder(causal_lm, tmp_path / "q", max_length=MAX_LENGTH, verbose=0)
+    assert not (tmp_path / "q").exists()
+    # And a description with stored weights beside its experts, refused by name (the
+    # check `keras_quantization` and `decoder_onnx` make before any node is written).
+    decoder = describe_causal_lm(tiny_gpt_oss(), MAX_LENGTH)
+    # (the refusal reads only that weights are stored: a placeholder stands for one)
+    decoder = dataclasses.replace(decoder, stored={"layers.0.attn.q_proj": "stored"})
+    with pytest.raises(ExportError, match="mixture-of-experts MLP is not yet supported"):
+        refuse_keras_quantized(decoder, "gqa")
+    with pytest.raises(ExportError, match="mixture-of-experts MLP is not yet supported"):
+        decoder_onnx(decoder, "gqa", Quantization(8, 64, 0, keras="int8"))
+
+
+def test_decoder_onnx_refuses_a_keras_quantized_model_with_standard_attention():
+    decoder = describe_causal_lm(_quantized("int8"), MAX_LENGTH)
+    quantization = keras_quantization(decoder, None, 32, 4, "gqa", ("onnx",))
+    with pytest.raises(ExportError, match="attention='standard' is not yet supported"):
+        decoder_onnx(decoder, "standard", quantization)
