@@ -51,6 +51,26 @@ def replace_weight(layer, old, make_new: Callable):
 
 
 # --------------------------------------------------------------------------------------
+# Keras: a quantized layer's stored integers (`model.quantize(mode)`)
+
+# Keras keeps a quantized Dense / EinsumDense's integers in `_kernel` (its public `kernel`
+# unpacks or dequantizes them), an Embedding's in `_embeddings`, and an int4 layer's block
+# size in `_int4_block_size`; an EinsumDense's contracted kernel axes in
+# `_kernel_reduced_axes`. No public API gives the stored form.
+_QUANTIZED_PARTS = frozenset(
+    {"kernel", "embeddings", "int4_block_size", "kernel_reduced_axes", "orig_output_dim"}
+)
+
+
+def quantized_part(layer, name: str, default=None):
+    """The private part `name` of a quantized Keras layer (`_QUANTIZED_PARTS`), or
+    `default` where the layer has none."""
+    if name not in _QUANTIZED_PARTS:
+        raise AttributeError(f"{name!r} is not a part of a quantized Keras layer read here.")
+    return getattr(layer, "_" + name, default)
+
+
+# --------------------------------------------------------------------------------------
 # Keras: the attention layers' parts
 
 # What the rotary attention layers reuse of Keras's `MultiHeadAttention` and

@@ -14,9 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from keras_posenc.export.decoder import progress
+from keras_posenc.export.decoder import keras_quantized, progress
 from keras_posenc.export.decoder.description import Decoder
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
+from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import families, rotary_layers
 from keras_posenc.keras_hub.backbone_settings import refuse_unread_backbone_settings
@@ -85,8 +86,9 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             arithmetic as keras_hub, to measure what the exact tables change).
 
     Raises:
-        ExportError: another class, a dtype other than float32, quantized layers, or a
-            setting the export cannot write exactly (named).
+        ExportError: another class, a dtype other than float32, layers quantized in a
+            mode the export cannot write (`keras_quantized.py`), or a setting the export
+            cannot write exactly (named).
         TypeError, ValueError: `max_length` is not an integer in `[2, 2^24]`.
     """
     if tables not in ("exact", "keras_hub"):
@@ -104,15 +106,15 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
             "the export is float32 and verified against keras_hub in float32: load it with "
             'dtype="float32" (e.g. `from_preset(..., dtype="float32")`).'
         )
-    blocks, first_rope = _blocks(family, backbone, max_length, tables, owner)
+    with keras_quantized.collecting() as collected:
+        blocks, first_rope = _blocks(family, backbone, max_length, tables, owner)
     embedding = backbone.token_embedding
-    table = array(embedding.embeddings)
-    head = table.T if embedding.tie_weights else array(embedding.reverse_embeddings)
+    table, head, stored_embedding = _embedding(embedding, owner)
     # Gemma scales the embedded tokens by sqrt(width) in float32.
     scale = float(np.sqrt(np.float32(backbone.hidden_dim))) if family.embedding_scaled else 1.0
     softcap = _final_softcap(causal_lm, owner)
     final_norm = getattr(backbone, "layer_norm", None) or backbone.norm
-    return Decoder(
+    decoder = Decoder(
         embedding=table,
         blocks=blocks,
         final_norm=rms_norm(final_norm, owner, family.norms),
@@ -127,6 +129,26 @@ def describe_causal_lm(causal_lm, max_length: int, *, tables: str = "exact") -> 
         ),
         tied_head=bool(embedding.tie_weights),
     )
+    if not collected.layers and stored_embedding is None:
+        return decoder
+    named = quantized_kernels(decoder)
+    stored = keras_quantized.stored_weights(causal_lm, named, collected, stored_embedding or {})
+    return dataclasses.replace(decoder, stored=stored)
+
+
+def _embedding(embedding, owner: str):
+    """`(table (vocabulary, width), head (width, vocabulary), stored or None)`: the
+    float32 arrays of the (Reversible)Embedding, and where Keras quantized it its stored
+    forms (`{"embed_tokens", "lm_head", "layers"}`)."""
+    if not getattr(embedding, "quantization_mode", None):
+        table = array(embedding.embeddings)
+        head = table.T if embedding.tie_weights else array(embedding.reverse_embeddings)
+        return table, head, None
+    table, head, float_table, float_head = keras_quantized.read_embedding(embedding, owner)
+    stored = {"embed_tokens": table, "lm_head": table if head is None else head}
+    if head is None:  # tied: one array, the head its transpose (as the float model's)
+        float_head = float_table.T
+    return float_table, float_head, {**stored, "layers": (id(embedding),)}
 
 
 def _blocks(family: HubFamily, backbone, max_length: int, tables: str, owner: str):

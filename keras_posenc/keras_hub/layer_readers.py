@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.description import Norm
+from keras_posenc.export.decoder.keras_quantized import kernel_of
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
@@ -23,7 +24,7 @@ def dense_kernel(layer, owner: str) -> np.ndarray:
     """The kernel of a Dense without a bias or an activation (either is refused)."""
     if layer.bias is not None or layer.activation is not keras.activations.linear:
         raise ExportError(f"{owner}: its Dense {layer.name!r} has a bias or an activation.")
-    return array(layer.kernel)
+    return kernel_of(layer, owner)
 
 
 def flat_bias(layer) -> np.ndarray | None:

@@ -16,9 +16,10 @@ from collections.abc import Callable
 import keras
 
 from keras_posenc.export.decoder.description import Attention, Block, Mlp
+from keras_posenc.export.decoder.keras_quantized import kernel_of
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import private
-from keras_posenc.keras_hub.layer_readers import array, dense_kernel, flat_bias, rms_norm
+from keras_posenc.keras_hub.layer_readers import dense_kernel, flat_bias, rms_norm
 
 
 def _no_window(attention) -> None:
@@ -68,8 +69,8 @@ class LlamaStyle:
         query_dense, key_dense, value_dense, output_dense = (
             self.part(layer, part) for part in ("query", "key", "value", "output")
         )
-        query = array(query_dense.kernel)  # (width, heads, head_dim)
-        key = array(key_dense.kernel)
+        query = kernel_of(query_dense, owner)  # (width, heads, head_dim)
+        key = kernel_of(key_dense, owner)
         width, heads, head_dim = query.shape
         kv_heads = key.shape[1]
         if getattr(output_dense, "bias", None) is not None:
@@ -85,8 +86,8 @@ class LlamaStyle:
             scale=1.0 / math.sqrt(head_dim),  # keras_hub's `_inv_norm_factor`
             query=query.reshape(width, heads * head_dim),
             key=key.reshape(width, kv_heads * head_dim),
-            value=array(value_dense.kernel).reshape(width, kv_heads * head_dim),
-            output=array(output_dense.kernel).reshape(heads * head_dim, width),
+            value=kernel_of(value_dense, owner).reshape(width, kv_heads * head_dim),
+            output=kernel_of(output_dense, owner).reshape(heads * head_dim, width),
             query_bias=flat_bias(query_dense),
             key_bias=flat_bias(key_dense),
             value_bias=flat_bias(value_dense),

@@ -170,6 +170,10 @@ class Decoder:
     # The head is the embedding's transpose, one variable (keras_hub's tie_weights): `head`
     # is then a view of `embedding`, and the ONNX file stores the table once.
     tied_head: bool = False
+    # The weights Keras quantized, as stored (`keras_quantized.py`), by the names of
+    # `quantized_graph.quantized_kernels` and "embed_tokens"; the arrays above are what
+    # Keras computes with. None: a float model.
+    stored: dict | None = None
 
     @property
     def vocabulary(self) -> int:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from keras_posenc.export.decoder.check import PROMPT
+from keras_posenc.export.decoder.keras_quantized import refuse_unexportable
 from keras_posenc.export.errors import ExportError
-from keras_posenc.export.quantized import refuse_quantized
 from keras_posenc.frequencies import MAX_POSITIONS
 from keras_posenc.layers.checks import checked_int
 
@@ -37,7 +37,8 @@ def _is_keras_hub(model, base: str) -> bool:
 
 
 def refuse_model_kind(model) -> None:
-    """A keras_hub backbone (told to pass its CausalLM) or a quantized model, refused."""
+    """A keras_hub backbone (told to pass its CausalLM) or a model quantized in a mode the
+    export cannot write, refused (Keras's int8 and int4 blocks are exported as stored)."""
     if _is_keras_hub(model, "Backbone"):
         family = type(model).__name__.removesuffix("Backbone") or "Llama"
         raise ExportError(
@@ -45,4 +46,5 @@ def refuse_model_kind(model) -> None:
             f"(e.g. keras_hub.models.{family}CausalLM(backbone=backbone, preprocessor=None), "
             "or the one from_preset gives), whose generation the export is verified against."
         )
-    refuse_quantized(model, "save_decoder")
+    # Keras's int8 / int4 layers are read as stored; any other mode is refused by name.
+    refuse_unexportable(model, "save_decoder")

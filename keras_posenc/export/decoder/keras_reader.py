@@ -17,6 +17,13 @@ import numpy as np
 from keras_posenc.backend import keras_private
 from keras_posenc.export.decoder.description import Attention, Block, Decoder, Mlp, Norm, Rope
 from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
+from keras_posenc.export.decoder.keras_quantized import (
+    collecting,
+    kernel_of,
+    read_embedding,
+    stored_weights,
+)
+from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.decoder.settings import refuse_unread_block_settings
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
@@ -76,7 +83,7 @@ def _attention(layer) -> Attention:
         )
 
     def kernel(part: str) -> np.ndarray:
-        return weight_array(keras_private.attention_part(layer, part).kernel)
+        return kernel_of(keras_private.attention_part(layer, part), f"Attention {layer.name!r}")
 
     query_norm, key_norm = _head_norms(layer)
 
@@ -123,9 +130,9 @@ def _head_norms(layer) -> tuple[Norm | None, Norm | None]:
 def _block(block: DecoderBlock) -> Block:
     mlp = Mlp(
         kind=block.mlp,
-        gate=None if block.gate is None else weight_array(block.gate.kernel),
-        up=weight_array(block.up.kernel),
-        down=weight_array(block.down.kernel),
+        gate=None if block.gate is None else kernel_of(block.gate, block.name),
+        up=kernel_of(block.up, block.name),
+        down=kernel_of(block.down, block.name),
     )
     attention = _attention(block.attention)
     if block.attention.rotary_embedding is None:  # rope_dim=0: a NoPE layer
@@ -168,7 +175,8 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
         ExportError: a layer that is not part of the convention, settings not exported
             (biases, gated or windowed attention, a length-switching RoPE scaling past its
             switch), blocks that differ in head counts or RoPE (NoPE blocks aside), no
-            RoPE block at all, quantized layers, or a block or attention setting the
+            RoPE block at all, layers quantized in a mode the export cannot write
+            (`keras_quantized.py`), or a block or attention setting the
             description does not carry (`settings.py`: e.g. `attention_chunk_size`).
         TypeError, ValueError: `max_length` is not an integer in `[2, 2^24]`.
     """
@@ -210,12 +218,30 @@ def describe_decoder(model: keras.Model, max_length: int) -> Decoder:
             raise ExportError(f"DecoderBlock {block.name!r} has another RoPE than {first.name!r}.")
     if head.activation is not keras.activations.linear:
         raise ExportError(f"The head {head.name!r} has an activation; logits are linear.")
-    return Decoder(
-        embedding=weight_array(embedding.embeddings),
-        blocks=tuple(_block(block) for block in blocks),
-        final_norm=_norm(final_norm),
-        head=weight_array(head.kernel),
-        head_bias=None if head.bias is None else weight_array(head.bias),
-        rope=rope_tables(rope, first.head_dim, int(max_length)),
-        max_length=int(max_length),
+    with collecting() as collected:
+        decoder = Decoder(
+            embedding=_table(embedding),
+            blocks=tuple(_block(block) for block in blocks),
+            final_norm=_norm(final_norm),
+            head=kernel_of(head, f"The head {head.name!r}"),
+            head_bias=None if head.bias is None else weight_array(head.bias),
+            rope=rope_tables(rope, first.head_dim, int(max_length)),
+            max_length=int(max_length),
+        )
+    if not collected.layers and not getattr(embedding, "quantization_mode", None):
+        return decoder
+    stored_table = {"layers": ()}
+    if getattr(embedding, "quantization_mode", None):
+        table = read_embedding(embedding, f"Embedding {embedding.name!r}")[0]
+        stored_table = {"embed_tokens": table, "layers": (id(embedding),)}
+    named = quantized_kernels(decoder)
+    return dataclasses.replace(
+        decoder, stored=stored_weights(model, named, collected, stored_table)
     )
+
+
+def _table(embedding) -> np.ndarray:
+    """The embedding's float32 table: its weights, or what a quantized one computes with."""
+    if not getattr(embedding, "quantization_mode", None):
+        return weight_array(embedding.embeddings)
+    return read_embedding(embedding, f"Embedding {embedding.name!r}")[2]

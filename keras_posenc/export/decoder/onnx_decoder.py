@@ -34,6 +34,7 @@ from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
 from keras_posenc.export.decoder.quantized_graph import (
     embedding_lookup,
     head_matmul,
+    refuse_keras_quantized,
     refuse_unquantizable,
     weight_matmul,
 )
@@ -124,10 +125,16 @@ def decoder_onnx(decoder: Decoder, attention: str = "gqa", quantization=None) ->
     if attention in ("gqa", "standard"):
         refuse_older_onnxruntime(decoder, attention)
     if quantization is not None:
-        refuse_unquantizable(decoder, quantization, attention)
+        if decoder.stored is None:
+            refuse_unquantizable(decoder, quantization, attention)
+        else:
+            refuse_keras_quantized(decoder, attention)
+    elif decoder.stored is not None:
+        raise ValueError("a model Keras quantized is written with its Quantization.")
     g = GraphBuilder()
     g.standard = attention == "standard"
     g.quantization = quantization
+    g.stored = decoder.stored
     if attention == "gqa":
         attend, opset = GqaAttention(decoder), GQA_OPSET
     elif attention == "standard":

@@ -17,6 +17,11 @@ float16 for 4 bits (LiteRT's blockwise scales are a float16 tensor), and `q - ze
 in `[-(2^(bits-1) - 1), 2^(bits-1) - 1]` (symmetric, "narrow range"). The same record
 holds it (`q` with `zero = 2^(bits-1)`), so `dequantize` is the one formula for both.
 `block_size=None` is one block per output channel (K): LiteRT's int8 per channel.
+
+A weight Keras quantized (`keras_quantized.py`) may also carry `zero_points` (asymmetric
+blocks: `w = (q - zero_point) * scale`), uint8 `(N, ceil(blocks * bits / 8))` packed as
+MatMulNBits reads them (4 bits: the lower block in the low nibble), and `rows`, its K
+where that is not a whole number of blocks (the last block padded).
 """
 
 from __future__ import annotations
@@ -33,18 +38,21 @@ RULES = ("mlas", "litert")
 @dataclasses.dataclass(frozen=True)
 class Quantized:
     """A quantized `(K, N)` kernel: `packed` `(N, blocks, block_size * bits / 8)` uint8,
-    `scales` `(N, blocks)` float32."""
+    `scales` `(N, blocks)` float32; `zero_points` None (symmetric: `2^(bits-1)`) or uint8
+    `(N, ceil(blocks * bits / 8))`; `rows` None (K is `blocks * block_size`) or K."""
 
     packed: np.ndarray
     scales: np.ndarray
     bits: int
     block_size: int
+    zero_points: np.ndarray | None = None
+    rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         """The kernel's `(K, N)`."""
         n, blocks, _ = self.packed.shape
-        return blocks * self.block_size, n
+        return (blocks * self.block_size if self.rows is None else self.rows), n
 
 
 def check_block_size(block_size) -> int:
@@ -117,21 +125,34 @@ def quantize(
     return Quantized(packed, scales, bits, blocks.shape[-1])
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """uint8 bytes of two 4-bit integers each, the low nibble first along the last axis."""
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
 def unpacked(quantized: Quantized) -> np.ndarray:
     """The integers `q` `(N, blocks, block_size)`."""
     packed = quantized.packed
     if quantized.bits == 8:
         return packed
-    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1)
+    return nibbles(packed)
+
+
+def zero_points(quantized: Quantized) -> np.ndarray:
+    """The zero point of each block, `(N, blocks)` float32 (`2^(bits-1)` if none stored)."""
+    n, blocks, _ = quantized.packed.shape
+    if quantized.zero_points is None:
+        return np.full((n, blocks), 1 << (quantized.bits - 1), np.float32)
+    zeros = quantized.zero_points if quantized.bits == 8 else nibbles(quantized.zero_points)
+    return zeros[:, :blocks].astype(np.float32)
 
 
 def dequantize(quantized: Quantized) -> np.ndarray:
     """The float32 `(K, N)` kernel the file stores: `(q - zero) * scale`."""
-    zero = np.float32(1 << (quantized.bits - 1))
-    q = unpacked(quantized).astype(np.float32) - zero
+    q = unpacked(quantized).astype(np.float32) - zero_points(quantized)[..., None]
     w = (q * quantized.scales[..., None]).astype(np.float32)
     k, n = quantized.shape
-    return np.ascontiguousarray(w.reshape(n, k).T)
+    return np.ascontiguousarray(w.reshape(n, -1)[:, :k].T)
 
 
 def round_trip(

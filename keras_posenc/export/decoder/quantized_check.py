@@ -197,13 +197,20 @@ def float_agreement(float_logits, logits, mask: np.ndarray) -> dict:
     }
 
 
-def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequantized) -> dict:
+def verify_quantized(
+    model, greedy_of, runtimes: dict, cases: list, judge, dequantized, against_float32=True
+) -> dict:
     """`check.verify_decoder`'s report for a quantized file: each case's runtimes judged by
     `judge(name, expected, got, case)` against `greedy_of(model)` run inside `dequantized` (the
     context of `dequantized_weights`), with `float_agreement` against the float32 model's
-    prompt logits beside it."""
-    float_greedy = greedy_of(model)
-    float_logits = [float_greedy(c["prompts"], c["mask"], 0)[1][0] for c in cases]
+    prompt logits beside it. `dequantized` None: `model` itself; `against_float32` False:
+    there is no float32 model to compare with (a model Keras quantized)."""
+    float_logits = [None] * len(cases)
+    if dequantized is None:
+        dequantized = contextlib.nullcontext(model)
+    if against_float32:
+        float_greedy = greedy_of(model)
+        float_logits = [float_greedy(c["prompts"], c["mask"], 0)[1][0] for c in cases]
     with dequantized:
         reference = greedy_of(model)
         expected = [reference(c["prompts"], c["mask"], c["steps"]) for c in cases]
@@ -215,7 +222,10 @@ def verify_quantized(model, greedy_of, runtimes: dict, cases: list, judge, dequa
         ):
             got = run(case["prompts"], case["mask"], case["steps"])
             found[name] = judge(name, want, got, case)
-            found[name]["against_float32"] = float_agreement(float_prompt, got[1][0], case["mask"])
+            if float_prompt is not None:
+                found[name]["against_float32"] = float_agreement(
+                    float_prompt, got[1][0], case["mask"]
+                )
     report = {"cases": []}
     for case, found in zip(cases, results, strict=True):
         prompts, steps = case["prompts"], case["steps"]

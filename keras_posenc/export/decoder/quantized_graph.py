@@ -18,6 +18,12 @@ import dataclasses
 import numpy as np
 
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.keras_quantized import KerasInt8
+from keras_posenc.export.decoder.keras_quantized_graph import (
+    concatenated,
+    stored_embedding,
+    stored_matmul,
+)
 from keras_posenc.export.decoder.moe import expert_kernels, refuse_unblockable_experts
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
 from keras_posenc.export.decoder.quantized_standard import (
@@ -45,6 +51,16 @@ class Quantization:
     block_size: int | None
     accuracy_level: int | None
     rule: str = "mlas"
+    # The mode Keras quantized the model with ("int8", "int4", "int4 per channel"): its
+    # stored weights are written as they are (`block_size` then the inputs rounded
+    # together: int4's blocks, the widest row where Keras rounds its rows); None:
+    # quantized at export.
+    keras: str | None = None
+
+    @property
+    def keras_rounded(self) -> bool:
+        """Whether the file computes Keras's products of rounded rows (`KerasInt8`)."""
+        return self.keras in ("int8", "int4 per channel")
 
 
 def checked_quantization(
@@ -101,6 +117,65 @@ def litert_quantization(bits: int, block_size: int) -> Quantization:
             f"(LiteRT's blockwise FULLY_CONNECTED), got {block_size}."
         )
     return Quantization(4, block_size, None, rule="litert")
+
+
+def keras_quantization(decoder, quantize_mode, block_size, accuracy_level, attention, formats):
+    """The `Quantization` of a model Keras quantized (`decoder.stored`), or None
+    (`block_size` is its own: not read).
+
+    Raises:
+        ExportError: `quantize` given too (the model is quantized already), or an
+            attention or format its weights are not written for yet.
+        ValueError: an accuracy level MatMulNBits does not take.
+    """
+    if decoder.stored is None:
+        return None
+    if quantize_mode is not None:
+        raise ExportError(
+            f"quantize={quantize_mode!r}: the model is quantized by Keras already; its "
+            "stored weights are exported as they are (pass quantize=None)."
+        )
+    if isinstance(accuracy_level, bool) or accuracy_level not in ACCURACY_LEVELS:
+        raise ValueError(
+            f"accuracy_level must be one of {ACCURACY_LEVELS} (MatMulNBits' attribute), got "
+            f"{accuracy_level!r}."
+        )
+    refuse_keras_quantized(decoder, attention, formats)
+    stored = list(decoder.stored.values())
+    kinds = {(type(s).__name__, s.bits) for s in stored}
+    if len(kinds) > 1:
+        raise ExportError(f"the model mixes Keras quantizations {sorted(kinds)}; not exported.")
+    if isinstance(stored[0], KerasInt8):  # rounded inputs: the widest row rounded together
+        widest = max(s.shape[0] for s in stored)
+        mode = "int8" if stored[0].bits == 8 else "int4 per channel"
+        return Quantization(stored[0].bits, widest, 0, keras=mode)
+    return Quantization(4, stored[0].block_size, int(accuracy_level), keras="int4")
+
+
+def refuse_keras_quantized(decoder, attention: str, formats=("onnx",)) -> None:
+    """Refuses, by name and before anything is written, what a model Keras quantized
+    (`decoder.stored`) is not written for: standard-op attention (its stored integers are
+    MatMulInteger / MatMulNBits, onnxruntime's), LiteRT files, and a mixture of experts."""
+    if decoder.stored is None:
+        return
+    if attention != "gqa":
+        raise ExportError(
+            f"a model Keras quantized with attention={attention!r} is not yet supported (its "
+            "stored integers are written as MatMulInteger / MatMulNBits, onnxruntime's own "
+            "ops); use attention='gqa', or export the float32 model with quantize=."
+        )
+    litert = [kind for kind in formats if kind != "onnx"]
+    if litert:
+        raise ExportError(
+            f"a model Keras quantized with formats={tuple(formats)!r} is not yet supported: "
+            f"{', '.join(litert)} files are not written from Keras's stored integers; use "
+            "formats=('onnx',), or export the float32 model with quantize= (LiteRT's rule)."
+        )
+    if any(block.mlp.kind == "moe" for block in decoder.blocks):
+        raise ExportError(
+            "a model Keras quantized with a mixture-of-experts MLP is not yet supported (QMoE "
+            "is written from the float32 experts); export the float32 model with quantize=."
+        )
 
 
 def quantized_kernels(decoder) -> list[tuple[str, np.ndarray]]:
@@ -189,10 +264,37 @@ def _dequantized(g: GraphBuilder, kernel: np.ndarray, name: str) -> str:
     return dequantized_weight(g, quantize(kernel, q.bits, q.block_size), name)
 
 
+def _keras_stored(g: GraphBuilder, name: str):
+    """The stored form of weight `name` where Keras quantized it, else None; the packed
+    q/k/v projection is its three kernels' side by side (all three quantized, or none)."""
+    stored = getattr(g, "stored", None)
+    if not stored:
+        return None
+    if name.endswith(".qkv_proj"):
+        prefix = name.removesuffix("qkv_proj")
+        parts = [stored.get(f"{prefix}{part}_proj") for part in "qkv"]
+        if all(part is None for part in parts):
+            return None
+        if any(part is None for part in parts):
+            raise ExportError(f"{prefix}: q, k and v are not all quantized; not exported.")
+        return concatenated(parts)
+    return stored.get(name)
+
+
+def _float(g: GraphBuilder) -> bool:
+    """Whether the weights not stored quantized are float32 (a float graph, or a model
+    Keras quantized: its float layers stay float)."""
+    return getattr(g, "quantization", None) is None or getattr(g, "stored", None) is not None
+
+
 def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, outputs=1) -> str:
     """`x @ kernel`: a float32 MatMul, or where the graph is quantized MatMulNBits (the
-    standard-op graph: `DequantizeLinear` then `MatMul`)."""
-    if getattr(g, "quantization", None) is None:
+    standard-op graph: `DequantizeLinear` then `MatMul`; the stored form,
+    `keras_quantized_graph.py`, where Keras quantized the model)."""
+    keras_stored = _keras_stored(g, name)
+    if keras_stored is not None:
+        return stored_matmul(g, x, keras_stored, name, outputs)
+    if _float(g):
         return g.node("MatMul", [x, g.initializer(name, kernel)], outputs)
     if g.standard:
         return g.node("MatMul", [x, _dequantized(g, kernel, name)], outputs)
@@ -202,7 +304,10 @@ def weight_matmul(g: GraphBuilder, x: str, kernel: np.ndarray, name: str, output
 def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
     """The head: a float32 MatMul, or MatMulNBits (over the weights a tied embedding's
     GatherBlockQuantized already reads, see `embedding_lookup`)."""
-    if getattr(g, "quantization", None) is None:
+    keras_stored = _keras_stored(g, "lm_head")
+    if keras_stored is not None:
+        return stored_matmul(g, hidden, keras_stored, "lm_head", outputs)
+    if _float(g):
         table = getattr(g, "tied_table", None) or g.initializer("lm_head", head)
         return g.node("MatMul", [hidden, table], outputs)
     if g.standard:
@@ -215,8 +320,12 @@ def head_matmul(g: GraphBuilder, hidden: str, head: np.ndarray, outputs) -> str:
 def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
     """The embedded tokens: a float32 Gather, or where the graph is quantized and the
     table tied, `GatherBlockQuantized` over the head's packed weights (each row of the
-    table is a column of the head: blocks along the width, the same nibbles)."""
-    if getattr(g, "quantization", None) is None:
+    table is a column of the head: blocks along the width, the same nibbles); a table
+    Keras quantized, from its stored form (`keras_quantized_graph.stored_embedding`)."""
+    keras_stored = _keras_stored(g, "embed_tokens")
+    if keras_stored is not None:
+        return stored_embedding(g, keras_stored, ids)
+    if _float(g):
         if not decoder.tied_head:
             return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
         # One table for both, stored once: the head's (width, vocabulary), by column.

@@ -7,6 +7,8 @@ from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
 )
+from keras_posenc.export.decoder.keras_quantized import unrounded_inputs
+from keras_posenc.export.decoder.keras_quantized_graph import without_input_rounding
 from keras_posenc.export.decoder.quantized_check import (
     activation_relative,
     compare_with_bound,
@@ -32,12 +34,15 @@ QMOE_FLOAT_ARITHMETIC = ("ORT_QMOE_CPU_QNBIT_GEMM", "fp32")
 
 
 def int8_activations(quantization, moe_layers: int) -> bool:
-    """Whether onnxruntime rounds some quantized op's input to int8: every one at
-    accuracy_level 2-4, and 8-bit QMoE experts (`moe_layers` of them) at every level."""
+    """Whether some quantized op's input is rounded to int8: every one at accuracy_level
+    2-4, 8-bit QMoE experts (`moe_layers` of them) at every level, and a model Keras
+    quantized with rounded inputs (`Quantization.keras_rounded`: the file rounds them too)."""
     if quantization is None:
         return False
-    return quantization.accuracy_level not in FLOAT_LEVELS or (
-        quantization.bits == 8 and moe_layers > 0
+    return (
+        quantization.accuracy_level not in FLOAT_LEVELS
+        or quantization.keras_rounded
+        or (quantization.bits == 8 and moe_layers > 0)
     )
 
 
@@ -131,6 +136,7 @@ def _float_arithmetic(path, max_length: int):
     options = session_options()
     # A standard-op file's DequantizeLinear + MatMul, fused into MatMulNBits: level 0 too.
     options.add_session_config_entry(FUSED_ACCURACY_LEVEL, "0")
+    without_input_rounding(model)  # a model Keras quantized in int8: its MatMulIntegers
     for node in model.graph.node:
         if node.op_type in ("MatMulNBits", "QMoE"):
             for attribute in node.attribute:
@@ -170,8 +176,10 @@ def verify_quantized_decoder(
     decoder = source.describe()
     layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
     experts = sum(block.mlp.kind == "moe" for block in decoder.blocks)
+    # Keras's int8 layers round their inputs (the file does the same, so only the rows
+    # whose float32 inputs differ by a rounding boundary differ: bounded the same way).
     bounded = int8_activations(quantization, experts)
-    if quantization.accuracy_level not in FLOAT_LEVELS:  # None (LiteRT) too
+    if quantization.accuracy_level not in FLOAT_LEVELS or quantization.keras_rounded:
         chain = 2 * layers + 1  # each layer's attention and MLP, then the head
     else:
         chain = experts  # 8-bit QMoE alone: each mixture's branch
@@ -198,10 +206,15 @@ def verify_quantized_decoder(
 
     cases = decoder_cases(source.vocabulary, length, window=source.window)
     name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
+    if quantization.keras is not None:
+        name = f"the {quantization.keras} model Keras quantized"
     progress.say(f"verifying against {name} (the file's weights), {len(cases)} cases")
-    dequantized = dequantized_weights(model, decoder, quantization)
-    decoder = None  # the context holds it until it has made the reference's weights
-    report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
+    if quantization.keras is None:
+        dequantized = dequantized_weights(model, decoder, quantization)
+        decoder = None  # the context holds it until it has made the reference's weights
+        report = verify_quantized(model, greedy_of, runtimes, cases, judge, dequantized)
+    else:
+        report = _verify_keras_quantized(model, greedy_of, runtimes, cases, judge, quantization)
     report["passed"] = failure_message(report) is None
     report["ties"] = [
         {"case": case, "judged": kind, **tie}
@@ -210,6 +223,23 @@ def verify_quantized_decoder(
         for tie in ties
     ]
     report["quantization"] = quantization_entry(quantization, block, bounded)
+    if quantization.keras is not None:
+        report["quantization"]["keras"] = quantization.keras
+    return report
+
+
+def _verify_keras_quantized(model, greedy_of, runtimes, cases, judge, quantization) -> dict:
+    """A model Keras quantized is its own reference; the file's bytes with float arithmetic
+    (`FLOAT_RUNTIME`: no input rounding in int8, accuracy_level 0 in int4) are judged
+    against the same model with its int8 layers' input rounding off, to float32 tolerance."""
+    rounded = {name: run for name, run in runtimes.items() if name != FLOAT_RUNTIME}
+    report = verify_quantized(model, greedy_of, rounded, cases, judge, None, False)
+    if FLOAT_RUNTIME in runtimes:
+        unrounded = unrounded_inputs(model) if quantization.keras_rounded else None
+        floats = {FLOAT_RUNTIME: runtimes[FLOAT_RUNTIME]}
+        extra = verify_quantized(model, greedy_of, floats, cases, judge, unrounded, False)
+        for case, more in zip(report["cases"], extra["cases"], strict=True):
+            case["runtimes"].update(more["runtimes"])
     return report
 
 

@@ -36,7 +36,7 @@ from keras_posenc.export.decoder.litertlm_check import (
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
-from keras_posenc.export.decoder.quantized_graph import checked_quantization
+from keras_posenc.export.decoder.quantized_graph import checked_quantization, keras_quantization
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.decoder.weights_file import (
@@ -136,13 +136,13 @@ def save_decoder(
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
     formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
-    quantization = checked_quantization(quantize, block_size, accuracy_level, attention, formats)
+    asked = (quantize, block_size, accuracy_level, attention, formats)
+    quantization = checked_quantization(*asked)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
-    progress = Progress(check_verbose(verbose), folder)
-    progress.phase(f"describing the model (max_length {max_length})")
-    with reporting(progress):
+    with reporting(progress := Progress(check_verbose(verbose), folder)):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
+        quantization = keras_quantization(decoder, *asked) or quantization  # Keras's own
     plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, slots, quantization))
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
@@ -347,6 +347,7 @@ def _described(model, max_length: int, bfloat16: str):
     Keras's step model) and the cache slots the reference holds."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
 
+    progress_lines.phase(f"describing the model (max_length {max_length})")
     refuse_model_kind(model)
     hub = bridge.is_keras_hub_causal_lm(model)
     if hub:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Mlp
+from keras_posenc.export.decoder.keras_quantized import kernel_of
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import kv_caches
 from keras_posenc.keras_hub.family import HubFamily
-from keras_posenc.keras_hub.layer_readers import array, rms_norm
+from keras_posenc.keras_hub.layer_readers import rms_norm
 
 # The keys of keras_hub 0.32's Gemma and Gemma 3 backbone configs the readers read.
 GEMMA_READ_KEYS = frozenset(
@@ -52,7 +53,7 @@ def kernel(layer, owner: str) -> np.ndarray:
     """A bias-free Dense or EinsumDense kernel of a Gemma block (a bias is refused)."""
     if getattr(layer, "bias", None) is not None:
         raise ExportError(f"{owner}: a bias in {layer.name!r} is not exported.")
-    return array(layer.kernel)
+    return kernel_of(layer, owner)
 
 
 def geglu_mlp(layer, owner: str) -> Mlp:

@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.description import Attention, Block, Mlp, Rope
+from keras_posenc.export.decoder.keras_quantized import kernel_of
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub.family import HubFamily, RotaryReader
 from keras_posenc.keras_hub.layer_readers import array, rms_norm
@@ -33,7 +34,7 @@ def _dense(layer, owner: str, bias_allowed: bool) -> tuple[np.ndarray, np.ndarra
             f"{owner}: its MLP Dense {layer.name!r} has a bias (mlp_bias=True), which the "
             "export does not write."
         )
-    return array(layer.kernel), bias
+    return kernel_of(layer, owner), bias
 
 
 def smollm3_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
@@ -63,7 +64,7 @@ def smollm3_block(layer, max_length: int, owner: str) -> tuple[Block, object]:
         query=query,
         key=key,
         value=value,
-        output=array(attention.o_proj.kernel).reshape(heads * head_dim, -1),
+        output=kernel_of(attention.o_proj, owner).reshape(heads * head_dim, -1),
         query_bias=query_bias,
         key_bias=key_bias,
         value_bias=value_bias,
