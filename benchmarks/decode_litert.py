@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks.decode_floor import KV_HEADS, MAX_LENGTH, SIZES, Bound, _session
 
 
-def _litert(data: bytes, batch: int, position: int):
+def litert_decode_call(data: bytes, batch: int, position: int):
     """`call() -> seconds` of the file's `decode` at `position`, inputs set once."""
     from ai_edge_litert.interpreter import Interpreter
 
@@ -95,7 +95,7 @@ def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
         for batch in (1, 4):
             for position in (100, 900):
                 calls = {
-                    "litert": _litert(data, batch, position),
+                    "litert": litert_decode_call(data, batch, position),
                     "xla": _xla(model, batch, position),
                     "gqa": Bound(gqa, batch, position, kv_shape),
                 }

@@ -16,36 +16,9 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-import time
-
-import numpy as np
 
 from benchmarks.decode_floor import MAX_LENGTH, SIZES, step_model
-
-
-def _decode_call(data: bytes, batch: int, position: int):
-    """`call() -> seconds` of the file's `decode` at `position`, inputs set once."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from keras_posenc.export.decoder.litert_runner import causal_mask
-
-    runner = Interpreter(model_content=data, num_threads=1).get_signature_runner("decode")
-    rng = np.random.default_rng(0)
-    feeds = {"tokens": np.zeros((batch, 1), np.int32)}
-    feeds["input_pos"] = np.array([position], np.int32)
-    feeds["mask"] = causal_mask(np.ones((batch, MAX_LENGTH), np.int32), feeds["input_pos"])
-    for name, details in runner.get_input_details().items():
-        if name.startswith("kv_cache_"):
-            feeds[name] = rng.normal(size=(batch, *details["shape"][1:])).astype(np.float32)
-    runner(**feeds)  # resizes, allocates and sets the inputs
-    wrapper, subgraph = runner._interpreter_wrapper, runner._subgraph_index
-
-    def call() -> float:
-        start = time.perf_counter()
-        wrapper.Invoke(subgraph)
-        return time.perf_counter() - start
-
-    return call
+from benchmarks.decode_litert import litert_decode_call
 
 
 def _files(size: dict) -> dict:
@@ -71,7 +44,9 @@ def run(rounds: int = 40, sizes=tuple(SIZES)) -> list[dict]:
         files = _files(SIZES[name])
         for batch in (1, 4):
             for position in (100, 900):
-                calls = {kind: _decode_call(data, batch, position) for kind, data in files.items()}
+                calls = {
+                    kind: litert_decode_call(data, batch, position) for kind, data in files.items()
+                }
                 for call in calls.values():
                     call(), call()  # warm up (XNNPACK packs the weights on the first)
                 times = {kind: [] for kind in calls}
