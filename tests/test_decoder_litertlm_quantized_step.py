@@ -36,11 +36,11 @@ def step(tokenizer):
     return tiny_step_model(tokenizer.vocabulary_size())
 
 
-def _save(step, tokenizer, folder, mode, template=None):
+def _save(step, tokenizer, folder, mode, template=None, max_length=MAX_LENGTH):
     return save_decoder(
         step,
         folder,
-        max_length=MAX_LENGTH,
+        max_length=max_length,
         formats=("litertlm",),
         tokenizer=tokenizer,
         quantize=mode,
@@ -87,7 +87,7 @@ def test_a_wrong_bundle_weight_fails_the_tflite_check(step, tokenizer, tmp_path,
 
     monkeypatch.setattr(litert_quantize, "quantize", first_weight_off)
     with pytest.raises(VerificationError, match=r"^The bundle's \.tflite: ") as failed:
-        _save(step, tokenizer, tmp_path / "w", "int8")
+        _save(step, tokenizer, tmp_path / "w", "int8", max_length=20)  # cheaper: one prefill
     assert wrong and not (tmp_path / "w").exists()
     cases = failed.value.report["litertlm"]["tflite"]["cases"]
     assert not cases[-1]["runtimes"][LITERT_FLOAT_RUNTIME]["passed"]
