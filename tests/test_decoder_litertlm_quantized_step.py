@@ -73,7 +73,8 @@ def test_a_quantized_step_model_bundle_is_verified(step, tokenizer, tmp_path, mo
 
 def test_a_wrong_bundle_weight_fails_the_tflite_check(step, tokenizer, tmp_path, monkeypatch):
     """The first stored weight's scales 2% off in the bundle alone (the reference keeps
-    `quantize.py`'s): the text may still agree, the .tflite's checks do not."""
+    `quantize.py`'s): the texts may still pass and the int8-activation bound hold (both
+    did here, docs/litertlm.md), the float-arithmetic twin of the .tflite does not."""
     import dataclasses
 
     quantize, wrong = litert_quantize.quantize, []
@@ -90,4 +91,6 @@ def test_a_wrong_bundle_weight_fails_the_tflite_check(step, tokenizer, tmp_path,
         _save(step, tokenizer, tmp_path / "w", "int8", max_length=20)  # cheaper: one prefill
     assert wrong and not (tmp_path / "w").exists()
     cases = failed.value.report["litertlm"]["tflite"]["cases"]
-    assert not cases[-1]["runtimes"][LITERT_FLOAT_RUNTIME]["passed"]
+    assert cases[-1]["name"].startswith("teacher-forced")
+    for case in cases:  # the float twin, to float32 tolerance, fails on every case
+        assert not case["runtimes"][LITERT_FLOAT_RUNTIME]["passed"], case
