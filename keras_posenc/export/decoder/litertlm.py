@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
+from keras_posenc.export.decoder.litertlm_template import (
+    PromptTemplate,
+    checked_prompt_template,
+    engine_ids,
+    write_prompt_templates,
+)
 from keras_posenc.export.decoder.litertlm_tokenizer import (
     HUGGING_FACE,
     BundleTokenizer,
@@ -46,6 +52,7 @@ class BundlePlan:
     stop_tokens: tuple[int, ...]
     max_length: int
     prefill_lengths: tuple[int, ...]
+    prompt_template: PromptTemplate | None = None  # LlmMetadata's `prompt_templates`
 
     @property
     def cache_slots(self) -> int:
@@ -85,7 +92,12 @@ def _start_and_end(tokenizer, file: BundleTokenizer) -> tuple:
 
 
 def litertlm_plan(
-    model, vocabulary: int, max_length: int, prefill_lengths=None, tokenizer=None
+    model,
+    vocabulary: int,
+    max_length: int,
+    prefill_lengths=None,
+    tokenizer=None,
+    prompt_template=None,
 ) -> BundlePlan:
     """The tokenizer and metadata of `model`'s bundle, checked before any work.
 
@@ -98,15 +110,19 @@ def litertlm_plan(
             that fit `max_length`).
         tokenizer: a keras_hub tokenizer for a step model (a CausalLM's is its
             preprocessor's).
+        prompt_template: None, or LlmMetadata's `prompt_templates` as roles to
+            `{"prefix", "suffix"}` (`litertlm_template.py`).
 
     Raises:
         ExportError: the packages are missing, the model has no tokenizer the bundle can
             hold, or its vocabulary or stop tokens do not fit the embedding.
-        ValueError: `prefill_lengths` or `max_length` do not fit the bundle (each length
-            must leave a slot for a generated token).
+        ValueError, TypeError: `prefill_lengths` or `max_length` do not fit the bundle (each
+            length must leave a slot for a generated token), or `prompt_template` is not a
+            template or leaves no room for a prompt.
     """
     _require_packages()
     lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    template = checked_prompt_template(prompt_template)
     tokenizer = keras_hub_tokenizer(model, tokenizer)
     file = bundle_tokenizer(tokenizer)
     size = int(tokenizer.vocabulary_size())
@@ -132,7 +148,15 @@ def litertlm_plan(
         raise ExportError(
             f"Start/stop token ids {outside} are outside the vocabulary (0...{vocabulary - 1})."
         )
-    return BundlePlan(file, tokenizer, start, stops, max_length, lengths)
+    if template is not None:
+        fixed = len(engine_ids(tokenizer, template, "", start))
+        if fixed + 1 > max_length - 2:  # a one-token prompt and a generated token
+            raise ValueError(
+                f"prompt_template takes {fixed} tokens with the start token: max_length "
+                f"{max_length} leaves no room for a prompt (the engine takes at most "
+                f"max_length - 2 = {max_length - 2})."
+            )
+    return BundlePlan(file, tokenizer, start, stops, max_length, lengths, template)
 
 
 def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
@@ -147,6 +171,7 @@ def litertlm_bundle(tflite: bytes, plan: BundlePlan) -> bytes:
         metadata.stop_tokens.add().token_ids.ids.append(token)
     metadata.max_num_tokens = plan.max_length
     metadata.llm_model_type.generic_model.SetInParent()
+    write_prompt_templates(metadata, plan.prompt_template)
     with tempfile.TemporaryDirectory(prefix="keras_posenc_litertlm_") as folder:
         folder = Path(folder)
         (folder / "model.tflite").write_bytes(tflite)

@@ -6,6 +6,7 @@ from keras_posenc.export.decoder.check import (
     compare_greedy,
     decoder_cases,
     failure_message,
+    teacher_forced_case,
 )
 from keras_posenc.export.decoder.keras_quantized import unrounded_inputs
 from keras_posenc.export.decoder.keras_quantized_graph import without_input_rounding
@@ -93,28 +94,6 @@ def litert_float_arithmetic_runtime(path, quantization) -> dict:
     return {LITERT_FLOAT_RUNTIME: greedy}
 
 
-def check_quantized_litertlm(check, model, source, quantization, max_length: int) -> dict:
-    """`check()` (`litertlm_check.check_litertlm` of the bundle) run with `model` as the
-    reference (its quantized weights dequantized, `dequantized_weights`), its differing
-    texts judged by the reference's margin (`litertlm_quantized.judge_texts`)."""
-    from keras_posenc.export.decoder.litertlm_quantized import judge_texts
-    from keras_posenc.export.decoder.on_demand import on_demand
-
-    decoder = on_demand(source).describe()
-    chain, block = _chain(decoder), activation_block(decoder, quantization)
-    with dequantized_weights(model, decoder, quantization):
-        decoder = None  # the context holds it until it has made the reference's weights
-        result = judge_texts(check(), model, max_length, chain, block)
-    result["quantization"] = quantization_entry(quantization, block, bounded=True)
-    return result
-
-
-def _chain(decoder) -> int:
-    """The quantized MatMuls in series: each layer's attention and MLP, then the head."""
-    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
-    return 2 * layers + 1
-
-
 def activation_block(decoder, quantization) -> int:
     """The inputs one int8 activation scale covers: MatMulNBits' block; a LiteRT row (its
     kernels round each input row, the largest K of the quantized weights)."""
@@ -158,11 +137,19 @@ def _float_arithmetic(path, max_length: int):
 
 
 def verify_quantized_decoder(
-    model, source, keras_hub: bool, runtimes: dict, length: int, quantization, progress
+    model,
+    source,
+    keras_hub: bool,
+    runtimes: dict,
+    length: int,
+    quantization,
+    progress,
+    teacher_forced: bool = False,
 ) -> dict:
     """The report of `save_decoder` for a quantized file (`quantized_check.py`); `source`
     the description, or on demand (`on_demand.py`): made for the reference and released
-    before the runtimes run."""
+    before the runtimes run. `teacher_forced`: `check.teacher_forced_case` too (every
+    position `0..length-1`)."""
     from keras_posenc import keras_hub as bridge
     from keras_posenc.export.decoder.greedy_generation import keras_greedy
     from keras_posenc.export.decoder.on_demand import on_demand
@@ -205,6 +192,8 @@ def verify_quantized_decoder(
         return compare_greedy(expected, got, case["mask"], released)
 
     cases = decoder_cases(source.vocabulary, length, window=source.window)
+    if teacher_forced:
+        cases.append(teacher_forced_case(source.vocabulary, length))
     name = "the dequantized keras_hub model" if keras_hub else "the dequantized Keras model"
     if quantization.keras is not None:
         name = f"the {quantization.keras} model Keras quantized"

@@ -29,9 +29,8 @@ from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.litertlm_check import (
     check_litertlm,
-    keras_hub_text,
     litertlm_failure,
-    step_model_text,
+    litertlm_reference,
 )
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
@@ -45,7 +44,7 @@ from keras_posenc.export.decoder.weights_file import (
     use_external_data,
     write_onnx,
 )
-from keras_posenc.export.errors import ExportError, VerificationError
+from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
@@ -92,6 +91,7 @@ def save_decoder(
     pad_token_id: int | None = None,
     prefill_lengths: tuple[int, ...] | None = None,
     tokenizer=None,
+    prompt_template=None,
     external_data: bool | None = None,
     verbose: int = 1,
     quantize: str | None = None,
@@ -121,7 +121,7 @@ def save_decoder(
             refuses; a keras_hub model must be float32 (its reference is keras_hub's).
         verify: verify every file against Keras (`check.py`) before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
-        prefill_lengths, tokenizer: `model.litertlm`'s (None: the defaults; docs/litertlm.md).
+        prefill_lengths, tokenizer, prompt_template: `model.litertlm`'s (docs/litertlm.md).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level: int8/int4 weights (docs/quantization.md).
@@ -143,7 +143,7 @@ def save_decoder(
     with reporting(progress := Progress(check_verbose(verbose), folder)):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
         quantization = keras_quantization(decoder, *asked) or quantization  # Keras's own
-    plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, slots, quantization))
+    plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, prompt_template, slots))
     weights = plan_weights(decoder, folder, formats, external_data)
     progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
     files = _files(model, decoder, formats, (attention, quantization), plan, ids)
@@ -174,27 +174,23 @@ def _raise_if_failed(report: dict, folder) -> None:
 
 def _plan(model, decoder, formats, max_length: int, bundle: tuple):
     """The bundle's tokenizer and metadata (None without "litertlm"), checked before any
-    file is written; `bundle` is `(prefill_lengths, tokenizer, slots, quantization)`,
+    file is written; `bundle` is `(prefill_lengths, tokenizer, prompt_template, slots)`,
     `slots` the cache slots of the reference."""
-    prefill_lengths, tokenizer, slots, quantization = bundle
+    prefill_lengths, tokenizer, template, slots = bundle
     if "litertlm" not in formats:
-        if tokenizer is not None:
-            raise ValueError("tokenizer= is written only into formats=('litertlm',)'s bundle.")
+        for name, value in (("tokenizer", tokenizer), ("prompt_template", template)):
+            if value is not None:
+                raise ValueError(f"{name}= is written only into formats=('litertlm',)'s bundle.")
         return None
     from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
 
-    if quantization is not None and tokenizer is not None:
-        raise ExportError(
-            "A quantized .litertlm bundle of a step model is not yet supported (its texts are "
-            "judged by keras_hub's greedy generation); export it with quantize=None, or "
-            "quantize a keras_hub CausalLM."
-        )
     if slots < max_length:
         raise ValueError(
             f"The step model's cache holds {slots} tokens and the bundle's check generates "
             f"up to max_length ({max_length}): build it with max_length >= {max_length}."
         )
-    return litertlm_plan(model, decoder.vocabulary, max_length, prefill_lengths, tokenizer)
+    bundle = (prefill_lengths, tokenizer, template)
+    return litertlm_plan(model, decoder.vocabulary, max_length, *bundle)
 
 
 def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) -> dict:
@@ -217,17 +213,6 @@ def _files(model, decoder, formats, attention: tuple, plan, token_ids: tuple) ->
 
         files["model.litertlm"] = litertlm_file(model, plan, attention[1])
     return files
-
-
-def litertlm_reference(model, plan):
-    """`prompt -> text` the bundle's check compares with: keras_hub's `generate()`, or
-    Keras's greedy tokens of a step model in its tokenizer's text."""
-    from keras_posenc import keras_hub as bridge  # here: the bridge imports this package
-
-    if bridge.is_keras_hub_causal_lm(model):
-        return keras_hub_text(model, plan.max_length)
-    stops = plan.stop_tokens
-    return step_model_text(model, plan.keras_tokenizer, plan.start_token, stops, plan.max_length)
 
 
 def _onnx(decoder, attention: str, quantization):
@@ -278,23 +263,22 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     if plan is not None:
         progress.say("generating text in LiteRT-LM's engine")
         path = staging / "model.litertlm"
-        report["litertlm"] = _litertlm_result(path, model, plan, checked)
+        report["litertlm"] = _litertlm_result(path, model, plan, checked, progress)
     report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
     return report
 
 
-def _litertlm_result(path: Path, model, plan, checked) -> dict:
+def _litertlm_result(path: Path, model, plan, checked, progress) -> dict:
     """The engine's texts against Keras's (of the dequantized model for a quantized
-    bundle, `quantized_save.check_quantized_litertlm`)."""
-    quantization = checked[4]
+    bundle, with its .tflite teacher-forced: `litertlm_quantized.check_quantized_bundle`)."""
     check = functools.partial(check_litertlm, path, litertlm_reference(model, plan), plan)
-    if quantization is None:
+    if checked[4] is None:
         return check()
-    from keras_posenc.export.decoder.quantized_save import check_quantized_litertlm
+    from keras_posenc.export.decoder.litertlm_quantized import check_quantized_bundle
 
-    return check_quantized_litertlm(check, model, checked[1], quantization, plan.max_length)
+    return check_quantized_bundle(check, path, checked, plan, progress)
 
 
 def _verify(
