@@ -33,7 +33,7 @@ import keras
 import numpy as np
 
 from keras_posenc.backend.keras_private import quantized_part
-from keras_posenc.export.decoder.quantize import Quantized, nibbles
+from keras_posenc.export.decoder.quantize import Quantized, asymmetric, nibbles
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
@@ -87,25 +87,12 @@ def _leading_reduced(layer, owner: str) -> None:
 
 def _asymmetric(q: np.ndarray, scales, zeros, block: int) -> Quantized:
     """`Quantized` of signed int4 `q` `(K, N)`, `scales`/`zeros` `(blocks, N)` (Keras's
-    `(q - zero) * scale`): unsigned `q + 8`, `zero + 8`, K padded to whole blocks with
-    each block's zero point (those rows weigh 0) and packed along K."""
-    k, n = q.shape
-    blocks = scales.shape[0]
-    if -(-k // block) != blocks:
-        raise ExportError(f"{blocks} blocks of {block} do not cover K={k}.")
+    `(q - zero) * scale`): unsigned `q + 8`, `zero + 8` (`quantize.asymmetric`)."""
     zeros = np.asarray(zeros, np.float64)
     if np.any(zeros != np.round(zeros)) or zeros.min() < -8 or zeros.max() > 7:
         raise ExportError("an int4 zero point outside the integers -8..7; not exported.")
-    unsigned = (q.astype(np.int16) + 8).astype(np.uint8).T  # (N, K)
-    zero_u = (zeros.astype(np.int16) + 8).astype(np.uint8).T  # (N, blocks)
-    pad = np.repeat(zero_u[:, -1:], blocks * block - k, axis=1)
-    full = np.concatenate([unsigned, pad], axis=1).reshape(n, blocks, block)
-    packed = (full[..., 0::2] | (full[..., 1::2] << 4)).astype(np.uint8)
-    if blocks % 2:
-        zero_u = np.concatenate([zero_u, np.zeros((n, 1), np.uint8)], axis=1)
-    zero_points = (zero_u[:, 0::2] | (zero_u[:, 1::2] << 4)).astype(np.uint8)
-    scales = np.ascontiguousarray(np.asarray(scales, np.float32).T)
-    return Quantized(packed, scales, 4, block, zero_points, k)
+    unsigned = (q.astype(np.int16) + 8).astype(np.uint8)
+    return asymmetric(unsigned, scales, (zeros + 8).astype(np.uint8), block)
 
 
 def keras_dequantized(stored) -> np.ndarray:
