@@ -136,8 +136,8 @@ def asymmetric(
     zero points packed along K as MatMulNBits reads them (4 bits: two a byte).
 
     Raises:
-        ExportError: blocks that do not cover K, or a zero point that is not an integer
-            in `[0, 2^bits)`.
+        ExportError: blocks that do not cover K, or an integer or zero point outside
+            `[0, 2^bits)`.
     """
     k, n = unsigned.shape
     blocks = scales.shape[0]
@@ -147,6 +147,8 @@ def asymmetric(
     top = (1 << bits) - 1
     if np.any(zeros != np.round(zeros)) or zeros.min() < 0 or zeros.max() > top:
         raise ExportError(f"a {bits}-bit zero point outside the integers 0..{top}; not exported.")
+    if unsigned.size and unsigned.max() > top:
+        raise ExportError(f"a {bits}-bit integer outside 0..{top}; not exported.")
     q = np.asarray(unsigned, np.uint8).T  # (N, K)
     zero_u = zeros.astype(np.uint8).T  # (N, blocks)
     pad = np.repeat(zero_u[:, -1:], blocks * block - k, axis=1)
