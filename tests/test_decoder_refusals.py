@@ -71,9 +71,8 @@ def _quantized(mode: str, whole: bool):
     return model
 
 
-# gptq and awq need calibration data to quantize; they set the same `quantization_mode`.
-# int8 and int4 are exported as stored (tests/test_decoder_keras_quantized.py); float8 is
-# refused.
+# int8 and int4 are exported as stored (tests/test_decoder_keras_quantized.py), gptq and
+# awq too (tests/test_decoder_keras_gptq.py); float8 is refused.
 @pytest.mark.parametrize("mode, whole", [("float8", False)], ids=str)
 def test_a_quantized_step_model_is_refused_by_name(tmp_path, monkeypatch, mode, whole):
     model = _quantized(mode, whole)

@@ -20,7 +20,9 @@ Keras 3.15 stores (never re-quantized here, only repacked):
   axis, one scale per output channel, `w = q / scale`, inputs rounded as int8's where the
   layer has an input quantizer: read as a `KerasInt8` of `bits` 4 (a byte a value).
 
-float8, gptq and awq, and a model mixing modes are refused by name (`refuse_unexportable`).
+- **gptq** / **awq** (Dense, EinsumDense): `keras_gptq.py` (`KerasGrouped`).
+
+float8, and a model mixing modes are refused by name (`refuse_unexportable`).
 """
 
 from __future__ import annotations
@@ -33,11 +35,22 @@ import keras
 import numpy as np
 
 from keras_posenc.backend.keras_private import quantized_part
-from keras_posenc.export.decoder.quantize import Quantized, nibbles
+from keras_posenc.export.decoder.keras_gptq import (
+    GROUPED_MODES,
+    block_order,
+    float_kernel_shape,
+    read_grouped,
+    uncalibrated,
+)
+from keras_posenc.export.decoder.quantize import Quantized, asymmetric, nibbles
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
-SUPPORTED = ("int8", "int4 (blocks, Keras's default, or per channel)")
+SUPPORTED = (
+    "int8",
+    "int4 (blocks, Keras's default, or per channel)",
+    "gptq and awq (Dense, EinsumDense; groups a power of 2 >= 16, g_idx whole groups)",
+)
 _READABLE = ("Dense", "EinsumDense", "Embedding", "ReversibleEmbedding")
 
 
@@ -87,25 +100,12 @@ def _leading_reduced(layer, owner: str) -> None:
 
 def _asymmetric(q: np.ndarray, scales, zeros, block: int) -> Quantized:
     """`Quantized` of signed int4 `q` `(K, N)`, `scales`/`zeros` `(blocks, N)` (Keras's
-    `(q - zero) * scale`): unsigned `q + 8`, `zero + 8`, K padded to whole blocks with
-    each block's zero point (those rows weigh 0) and packed along K."""
-    k, n = q.shape
-    blocks = scales.shape[0]
-    if -(-k // block) != blocks:
-        raise ExportError(f"{blocks} blocks of {block} do not cover K={k}.")
+    `(q - zero) * scale`): unsigned `q + 8`, `zero + 8` (`quantize.asymmetric`)."""
     zeros = np.asarray(zeros, np.float64)
     if np.any(zeros != np.round(zeros)) or zeros.min() < -8 or zeros.max() > 7:
         raise ExportError("an int4 zero point outside the integers -8..7; not exported.")
-    unsigned = (q.astype(np.int16) + 8).astype(np.uint8).T  # (N, K)
-    zero_u = (zeros.astype(np.int16) + 8).astype(np.uint8).T  # (N, blocks)
-    pad = np.repeat(zero_u[:, -1:], blocks * block - k, axis=1)
-    full = np.concatenate([unsigned, pad], axis=1).reshape(n, blocks, block)
-    packed = (full[..., 0::2] | (full[..., 1::2] << 4)).astype(np.uint8)
-    if blocks % 2:
-        zero_u = np.concatenate([zero_u, np.zeros((n, 1), np.uint8)], axis=1)
-    zero_points = (zero_u[:, 0::2] | (zero_u[:, 1::2] << 4)).astype(np.uint8)
-    scales = np.ascontiguousarray(np.asarray(scales, np.float32).T)
-    return Quantized(packed, scales, 4, block, zero_points, k)
+    unsigned = (q.astype(np.int16) + 8).astype(np.uint8)
+    return asymmetric(unsigned, scales, (zeros + 8).astype(np.uint8), block)
 
 
 def keras_dequantized(stored) -> np.ndarray:
@@ -134,7 +134,7 @@ def _block(layer) -> int | None:
 
 def _check_groups(layer, length: int, block: int, owner: str) -> None:
     g_idx = _value(layer.g_idx)
-    if not np.array_equal(g_idx, np.arange(length) // block):
+    if g_idx.shape != (length,) or block_order(g_idx, block, layer.name) is not None:
         raise ExportError(f"{owner}: {layer.name!r}'s g_idx is not its blocks in order.")
 
 
@@ -142,6 +142,8 @@ def read_kernel(layer, owner: str):
     """`(stored, float (K, N))` of a quantized Dense / EinsumDense, K its contracted axes."""
     mode = layer.quantization_mode
     _leading_reduced(layer, owner)
+    if mode in GROUPED_MODES:
+        return read_grouped(layer, owner)
     if mode == "int8":
         q = _value(quantized_part(layer, "kernel"))
         scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
@@ -230,6 +232,10 @@ def _refused(layer, mode: str, owner: str) -> ExportError:
 
 
 def _mode_of(layer) -> str | None:
+    """The layer's Keras quantization mode; None for a float layer, or a GPTQ / AWQ one
+    never calibrated (it computes with its float kernel)."""
+    if uncalibrated(layer):
+        return None
     mode = getattr(layer, "quantization_mode", None)
     if mode is None:
         mode = getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
@@ -248,13 +254,14 @@ def refuse_unexportable(model, what: str = "save_decoder") -> str | None:
     naming the first layer whose mode or class the export cannot write, before any work.
 
     Raises:
-        ExportError: float8, gptq, awq, a layer class other than
-            Dense / EinsumDense / Embedding / ReversibleEmbedding, or a mix of modes.
+        ExportError: float8, a layer class other than Dense / EinsumDense / Embedding /
+            ReversibleEmbedding (gptq / awq: Dense / EinsumDense), or a mix of modes.
     """
     found = _quantized(model)
     owner = f"{what}: {model.name!r}"
     for layer, mode in found:
-        if mode not in ("int8", "int4") or type(layer).__name__ not in _READABLE:
+        readable = ("Dense", "EinsumDense") if mode in GROUPED_MODES else _READABLE
+        if mode not in ("int8", "int4", *GROUPED_MODES) or type(layer).__name__ not in readable:
             raise _refused(layer, mode, owner)
     modes = sorted({mode for _, mode in found})
     if len(modes) > 1:
@@ -316,7 +323,7 @@ def content_key(kernel: np.ndarray) -> tuple:
 def kernel_of(layer, owner: str) -> np.ndarray:
     """The float32 kernel of a Dense / EinsumDense in its own shape: its `kernel`, or for a
     quantized layer what Keras computes with (noted for `collecting`)."""
-    if not getattr(layer, "quantization_mode", None):
+    if not _mode_of(layer):
         return weight_array(layer.kernel)
     stored, dequantized = read_kernel(layer, owner)
     collected = _COLLECTED.get()
@@ -324,7 +331,7 @@ def kernel_of(layer, owner: str) -> np.ndarray:
         collected.by_content[content_key(dequantized)] = stored
         collected.layers.add(id(layer))
     k = dequantized.shape[0]
-    shape = tuple(layer.kernel.shape)
+    shape = float_kernel_shape(layer)
     reduced = next(s for s in range(1, len(shape) + 1) if int(np.prod(shape[:s])) == k)
     return dequantized.reshape(*shape[:reduced], *shape[reduced:])
 

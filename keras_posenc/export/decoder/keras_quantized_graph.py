@@ -9,6 +9,11 @@
   Keras runs without input quantization: `MatMul(x, Cast<float>(q)) / scale`.
 - int4 blocks (`quantize.Quantized` with zero points): `com.microsoft.MatMulNBits` with
   `zero_points`; the stored K when it is not a whole number of blocks.
+- GPTQ / AWQ (`keras_gptq.KerasGrouped`): the input's rows gathered into group order
+  (`Gather`, exact) where GPTQ's activation order permuted them, divided by AWQ's scales
+  (`Div`, as Keras divides the weight's rows), then MatMulNBits (4 or 8 bits) with zero
+  points. Kernels packed into one projection whose inputs are reordered or divided alike
+  are one MatMulNBits; otherwise one each, concatenated (`Concat`, exact).
 - The embedding: int8 `Gather(q) / Gather(scale)`; int4 the table's bytes gathered, their
   nibbles split (`BitwiseAnd`, `BitShift`) and `(q - zero) * scale` per block. A tied head
   reads the same initializers (one copy of the table).
@@ -25,13 +30,29 @@ import numpy as np
 from onnx import TensorProto
 
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.keras_gptq import KerasGrouped
 from keras_posenc.export.decoder.keras_quantized import KerasInt8
 from keras_posenc.export.decoder.quantize import Quantized
 
 
+def _alike(arrays: list) -> bool:
+    first = arrays[0]
+    if first is None:
+        return all(a is None for a in arrays)
+    return all(a is not None and np.array_equal(a, first) for a in arrays)
+
+
 def concatenated(parts: list):
-    """The stored forms of kernels side by side along N (one projection of several)."""
+    """The stored forms of kernels side by side along N (one projection of several); a
+    tuple of them where they cannot be one product (`stored_matmul` concatenates those)."""
     first = parts[0]
+    if isinstance(first, KerasGrouped):
+        inputs_alike = _alike([p.order for p in parts]) and _alike([p.divisor for p in parts])
+        same = {(p.bits, p.block_size, p.shape[0]) for p in parts}
+        if not inputs_alike or len(same) > 1:
+            return tuple(parts)
+        quantized = concatenated([p.quantized for p in parts])
+        return dataclasses.replace(first, quantized=quantized)
     if isinstance(first, KerasInt8):
         if any(p.activation != first.activation for p in parts):
             raise ValueError("packed int8 kernels quantize their inputs alike.")
@@ -95,8 +116,14 @@ def _nbits_initializers(g: GraphBuilder, stored: Quantized, name: str) -> tuple:
 
 def stored_matmul(g: GraphBuilder, x: str, stored, name: str, outputs=1) -> str:
     """`x @ kernel` as Keras computes it from `stored` (module docstring)."""
+    if isinstance(stored, tuple):  # kernels side by side that are not one product
+        products = [stored_matmul(g, x, part, f"{name}.{i}") for i, part in enumerate(stored)]
+        return g.node("Concat", products, outputs, axis=-1)
     if isinstance(stored, KerasInt8):
         return _int8_matmul(g, x, stored, name, outputs)
+    if isinstance(stored, KerasGrouped):
+        x = _grouped_input(g, x, stored, name)
+        stored = stored.quantized
     k, n = stored.shape
     return g.node(
         "MatMulNBits",
@@ -109,6 +136,16 @@ def stored_matmul(g: GraphBuilder, x: str, stored, name: str, outputs=1) -> str:
         block_size=stored.block_size,
         accuracy_level=g.quantization.accuracy_level,
     )
+
+
+def _grouped_input(g: GraphBuilder, x: str, stored: KerasGrouped, name: str) -> str:
+    """`x[..., order] / divisor` (`KerasGrouped`): what its MatMulNBits multiplies."""
+    if stored.order is not None:
+        order = g.initializer(f"{name}.MatMul.input_order", stored.order.astype(np.int64))
+        x = g.node("Gather", [x, order], axis=-1)
+    if stored.divisor is not None:
+        x = g.node("Div", [x, g.initializer(f"{name}.MatMul.awq_scales", stored.divisor)])
+    return x
 
 
 def _nibbles(g: GraphBuilder, packed: str, length: int) -> str:

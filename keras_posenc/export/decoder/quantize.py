@@ -30,6 +30,8 @@ import dataclasses
 
 import numpy as np
 
+from keras_posenc.export.errors import ExportError
+
 QUANTIZE_MODES = {"int4": 4, "int8": 8}
 MIN_BLOCK = 16
 RULES = ("mlas", "litert")
@@ -123,6 +125,43 @@ def quantize(
     else:
         raise ValueError(f"bits must be 4 or 8, got {bits!r}.")
     return Quantized(packed, scales, bits, blocks.shape[-1])
+
+
+def asymmetric(
+    unsigned: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block: int, bits: int = 4
+) -> Quantized:
+    """The `Quantized` of stored asymmetric blocks (`w = (q - zero) * scale`): `unsigned`
+    `q` `(K, N)` and `zeros` `(blocks, N)` in `[0, 2^bits)`, `scales` `(blocks, N)`; K
+    padded to whole blocks with each block's zero point (those rows weigh 0), `q` and the
+    zero points packed along K as MatMulNBits reads them (4 bits: two a byte).
+
+    Raises:
+        ExportError: blocks that do not cover K, or an integer or zero point outside
+            `[0, 2^bits)`.
+    """
+    k, n = unsigned.shape
+    blocks = scales.shape[0]
+    if -(-k // block) != blocks:
+        raise ExportError(f"{blocks} blocks of {block} do not cover K={k}.")
+    zeros = np.asarray(zeros, np.float64)
+    top = (1 << bits) - 1
+    if np.any(zeros != np.round(zeros)) or zeros.min() < 0 or zeros.max() > top:
+        raise ExportError(f"a {bits}-bit zero point outside the integers 0..{top}; not exported.")
+    if unsigned.size and unsigned.max() > top:
+        raise ExportError(f"a {bits}-bit integer outside 0..{top}; not exported.")
+    q = np.asarray(unsigned, np.uint8).T  # (N, K)
+    zero_u = zeros.astype(np.uint8).T  # (N, blocks)
+    pad = np.repeat(zero_u[:, -1:], blocks * block - k, axis=1)
+    full = np.concatenate([q, pad], axis=1).reshape(n, blocks, block)
+    if bits == 8:
+        packed, zero_points = full, np.ascontiguousarray(zero_u)
+    else:
+        packed = (full[..., 0::2] | (full[..., 1::2] << 4)).astype(np.uint8)
+        if blocks % 2:
+            zero_u = np.concatenate([zero_u, np.zeros((n, 1), np.uint8)], axis=1)
+        zero_points = (zero_u[:, 0::2] | (zero_u[:, 1::2] << 4)).astype(np.uint8)
+    scales = np.ascontiguousarray(np.asarray(scales, np.float32).T)
+    return Quantized(packed, scales, bits, block, zero_points, k)
 
 
 def nibbles(packed: np.ndarray) -> np.ndarray:

@@ -51,10 +51,10 @@ class Quantization:
     block_size: int | None
     accuracy_level: int | None
     rule: str = "mlas"
-    # The mode Keras quantized the model with ("int8", "int4", "int4 per channel"): its
-    # stored weights are written as they are (`block_size` then the inputs rounded
-    # together: int4's blocks, the widest row where Keras rounds its rows); None:
-    # quantized at export.
+    # The mode Keras quantized the model with ("int8", "int4", "int4 per channel", "gptq",
+    # "awq"): its stored weights are written as they are (`block_size` then the inputs
+    # rounded together: the widest of int4's / gptq's / awq's blocks, the widest row where
+    # Keras rounds its rows); None: quantized at export.
     keras: str | None = None
 
     @property
@@ -142,14 +142,18 @@ def keras_quantization(decoder, quantize_mode, block_size, accuracy_level, atten
         )
     refuse_keras_quantized(decoder, attention, formats)
     stored = list(decoder.stored.values())
-    kinds = {(type(s).__name__, s.bits) for s in stored}
+    # gptq / awq: a layer's bits are its own (4, or 8 where a zero point needs them)
+    kinds = {(type(s).__name__, getattr(s, "mode", s.bits)) for s in stored}
     if len(kinds) > 1:
         raise ExportError(f"the model mixes Keras quantizations {sorted(kinds)}; not exported.")
     if isinstance(stored[0], KerasInt8):  # rounded inputs: the widest row rounded together
         widest = max(s.shape[0] for s in stored)
         mode = "int8" if stored[0].bits == 8 else "int4 per channel"
         return Quantization(stored[0].bits, widest, 0, keras=mode)
-    return Quantization(4, stored[0].block_size, int(accuracy_level), keras="int4")
+    mode = getattr(stored[0], "mode", "int4")  # gptq / awq: `keras_gptq.KerasGrouped`
+    block = max(s.block_size for s in stored)  # the widest inputs rounded together
+    bits = max(s.bits for s in stored)
+    return Quantization(bits, block, int(accuracy_level), keras=mode)
 
 
 def refuse_keras_quantized(decoder, attention: str, formats=("onnx",)) -> None:
