@@ -251,6 +251,7 @@ def quantization_entry(quantization, block: int, bounded: bool) -> dict:
         "block_size": quantization.block_size,  # None: one scale per output channel
         "accuracy_level": quantization.accuracy_level,  # None: LiteRT (int8 activations)
         "rule": quantization.rule,
+        "symmetric": quantization.symmetric,  # False: zero points stored
         "judged": "int8-activation bound" if bounded else "float32 tolerance",
         "activation_block": block,
     }
