@@ -28,7 +28,7 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmu
 from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import save
+from keras_posenc.export.decoder import runtime_version, save
 from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.progress import Progress
@@ -39,6 +39,11 @@ from keras_posenc.export.decoder.quantized_standard import dequantized_weight
 from keras_posenc.export.errors import ExportError
 
 MAX_LENGTH = 24  # 16 verified steps after the 8-token prompt
+# QMoE's accuracy_level and GPT-OSS's sinks (the tiny GPT-OSS) need onnxruntime 1.32.
+needs_qmoe = pytest.mark.skipif(
+    runtime_version._installed() < runtime_version.VERIFIED_FROM,
+    reason="QMoE's accuracy_level and GPT-OSS's sinks need onnxruntime 1.32",
+)
 
 
 def _kernel(k: int, n: int, block: int, seed: int) -> np.ndarray:
@@ -286,6 +291,7 @@ def test_a_tampered_zero_point_fails_the_verification(tmp_path, step, gqa_int4, 
     assert not all(case["runtimes"][FLOAT_RUNTIME]["passed"] for case in report["cases"])
 
 
+@needs_qmoe
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qmoe_with_zero_points_computes_the_dequantized_experts(bits):
     from test_decoder_quantize_moe import _moe, _qmoe_model, _run
@@ -307,6 +313,25 @@ def test_qmoe_with_zero_points_computes_the_dequantized_experts(bits):
     assert_within(_run(model, x, float_arithmetic=True)[0], expected)
     _tamper_zero_point_of(model, "fc1.zero_points")
     assert worst_fraction(_run(model, x, float_arithmetic=True)[0], expected) > 10
+
+
+@needs_qmoe
+def test_a_gpt_oss_exports_asymmetric_experts_verified(tmp_path):
+    from keras_hub_models import MAX_LENGTH as GPT_OSS_LENGTH
+    from keras_hub_models import tiny_gpt_oss
+
+    report = save_decoder(
+        tiny_gpt_oss(),
+        tmp_path / "q",
+        max_length=GPT_OSS_LENGTH,
+        verbose=0,
+        quantize="int4",
+        symmetric=False,
+    )
+    assert report["passed"] and report["quantization"]["symmetric"] is False
+    graph = onnx.load(tmp_path / "q" / "model.onnx").graph
+    experts = [n for n in graph.node if n.op_type == "QMoE"]
+    assert experts and all(n.input[11] and n.input[12] for n in experts)
 
 
 def _tamper_zero_point_of(model: onnx.ModelProto, suffix: str) -> None:
