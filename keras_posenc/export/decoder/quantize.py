@@ -18,7 +18,7 @@ in `[-(2^(bits-1) - 1), 2^(bits-1) - 1]` (symmetric, "narrow range"). The same r
 holds it (`q` with `zero = 2^(bits-1)`), so `dequantize` is the one formula for both.
 `block_size=None` is one block per output channel (K): LiteRT's int8 per channel.
 
-Asymmetric blocks (`symmetric=False`, the builder's `int4_is_symmetric=false`) store a
+Asymmetric blocks (`symmetric=False`, the builder's `is_symmetric=false`) store a
 zero point per block: the block's range widened to hold 0, `[lo, hi] = [min(w, 0),
 max(w, 0)]`, `scale = (hi - lo) / (2^bits - 1)` (positive), `zero = round(-lo / scale)`
 clipped to `[0, 2^bits - 1]`, and `q = round(w * (1 / scale) + zero)` in float32 (half
