@@ -173,8 +173,7 @@ def keras_quantization(decoder, quantize_mode, block_size, accuracy_level, atten
         widest = max(s.shape[0] for s in stored)
         mode = "int8" if stored[0].bits == 8 else "int4 per channel"
         return Quantization(stored[0].bits, widest, 0, keras=mode)
-    level = int(accuracy_level)
-    return Quantization(4, stored[0].block_size, level, keras="int4", symmetric=False)
+    return Quantization(4, stored[0].block_size, int(accuracy_level), keras="int4")
 
 
 def refuse_keras_quantized(decoder, attention: str, formats=("onnx",)) -> None:
