@@ -35,7 +35,7 @@ import numpy as np
 
 from keras_posenc.export.decoder.description import Moe
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
-from keras_posenc.export.decoder.quantize import Quantized, quantize
+from keras_posenc.export.decoder.quantize import Quantized, pack, quantize_as, zero_points
 from keras_posenc.export.errors import ExportError
 
 # keras_hub's lower clamp of the gate (`ops.clip(gate, -1e9, limit)`).
@@ -171,8 +171,10 @@ def moe_contrib(g: GraphBuilder, i: int, hidden: str, moe: Moe) -> str:
 # --- quantized experts (QMoE) -------------------------------------------------------------
 #
 # QMoE stores each expert's `(K, N)` kernel as MatMulNBits does (`quantize.py`: blocks of
-# `block_size` along K, symmetric, the lower K index in the low nibble), by expert: weights
-# uint8 `(experts, N, K * bits / 8)`, scales `(experts, N, K / block_size)`. The experts'
+# `block_size` along K, the lower K index in the low nibble), by expert: weights uint8
+# `(experts, N, K * bits / 8)`, scales `(experts, N, K / block_size)`, and for asymmetric
+# blocks zero points `(experts, N, ceil(K / block_size * bits / 8))` (fc1_/fc2_zero_points:
+# onnxruntime 1.32's CPU kernel reads them, tests/test_decoder_quantize_asymmetric.py). The experts'
 # kernels are quantized as one `(experts * K, N)` matrix (`expert_kernels`): K a multiple of
 # `block_size` (`refuse_unblockable_experts`), no block straddles two experts, so its blocks
 # are each expert's own and `quantized_check` finds keras_hub's `(experts, K, N)` variables
@@ -204,16 +206,18 @@ def refuse_unblockable_experts(decoder, block_size: int) -> None:
                 )
 
 
-def by_expert(stored: Quantized, experts: int) -> tuple[np.ndarray, np.ndarray]:
+def by_expert(stored: Quantized, experts: int) -> tuple[np.ndarray, ...]:
     """QMoE's `(weights (experts, N, K * bits / 8), scales (experts, N, K / block))` of
-    `stored`, the `(experts * K, N)` matrix of `expert_kernels` quantized."""
+    `stored`, the `(experts * K, N)` matrix of `expert_kernels` quantized, and its zero
+    points `(experts, N, ceil(K / block * bits / 8))` where it has them."""
     n, blocks, blob = stored.packed.shape
     packed = stored.packed.reshape(n, experts, blocks // experts, blob).transpose(1, 0, 2, 3)
     scales = stored.scales.reshape(n, experts, blocks // experts).transpose(1, 0, 2)
-    return (
-        np.ascontiguousarray(packed.reshape(experts, n, -1)),
-        np.ascontiguousarray(scales),
-    )
+    arrays = (np.ascontiguousarray(packed.reshape(experts, n, -1)), np.ascontiguousarray(scales))
+    if stored.zero_points is None:
+        return arrays
+    zeros = zero_points(stored).astype(np.uint8).reshape(n, experts, -1).transpose(1, 0, 2)
+    return (*arrays, np.ascontiguousarray(pack(zeros, stored.bits, 1 << (stored.bits - 1))))
 
 
 def _qmoe(g: GraphBuilder, i: int, hidden: str, logits: str, moe: Moe) -> str:
@@ -223,14 +227,17 @@ def _qmoe(g: GraphBuilder, i: int, hidden: str, logits: str, moe: Moe) -> str:
     int8 activations at every level (docs/quantization.md)."""
     q = g.quantization
     biases = (interleaved(moe.gate_bias, moe.up_bias), moe.down_bias)
-    inputs = [hidden, logits]
+    inputs, zeros = [hidden, logits], []
     for (part, kernel), bias in zip(expert_kernels(i, moe), biases, strict=True):
-        weights, scales = by_expert(quantize(kernel, q.bits, q.block_size), moe.experts)
+        weights, scales, *zero = by_expert(quantize_as(kernel, q), moe.experts)
         inputs += [
             g.initializer(f"{part}.qweight", weights),
             g.initializer(f"{part}.scales", scales),
             g.initializer(f"{part}.bias", bias),
         ]
+        zeros += [g.initializer(f"{part}.zero_points", z) for z in zero]
+    if zeros:  # fc1_zero_points and fc2_zero_points follow the (absent) fc3 inputs
+        inputs += ["", "", "", *zeros]
     return g.node(
         "QMoE",
         inputs,

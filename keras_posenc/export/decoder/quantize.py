@@ -18,10 +18,18 @@ in `[-(2^(bits-1) - 1), 2^(bits-1) - 1]` (symmetric, "narrow range"). The same r
 holds it (`q` with `zero = 2^(bits-1)`), so `dequantize` is the one formula for both.
 `block_size=None` is one block per output channel (K): LiteRT's int8 per channel.
 
-A weight Keras quantized (`keras_quantized.py`) may also carry `zero_points` (asymmetric
-blocks: `w = (q - zero_point) * scale`), uint8 `(N, ceil(blocks * bits / 8))` packed as
-MatMulNBits reads them (4 bits: the lower block in the low nibble), and `rows`, its K
-where that is not a whole number of blocks (the last block padded).
+Asymmetric blocks (`symmetric=False`, the builder's `is_symmetric=false`) store a
+zero point per block: the block's range widened to hold 0, `[lo, hi] = [min(w, 0),
+max(w, 0)]`, `scale = (hi - lo) / (2^bits - 1)` (positive), `zero = round(-lo / scale)`
+clipped to `[0, 2^bits - 1]`, and `q = round(w * (1 / scale) + zero)` in float32 (half
+away from zero), clipped: MLAS's `range2scalezp` and quantizer (what
+`quantize_matmul_4bits` / `_8bits` write with `is_symmetric=False`), bit for bit. A block
+of zeros (`hi == lo`) has scale 0, zero point 0 and `q = 0` (no division).
+
+A weight Keras quantized (`keras_quantized.py`) also carries `zero_points` (asymmetric
+blocks: `w = (q - zero_point) * scale`). Zero points are uint8 `(N, ceil(blocks * bits /
+8))` packed as MatMulNBits reads them (4 bits: the lower block in the low nibble); `rows`
+is K where that is not a whole number of blocks (the last block padded).
 """
 
 from __future__ import annotations
@@ -97,6 +105,22 @@ def _integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     return q, scales
 
 
+def _asymmetric_integers(blocks: np.ndarray, bits: int) -> tuple:
+    """MLAS's asymmetric `(q, scales, zero points (N, blocks) uint8)` (module docstring)."""
+    top = np.float32((1 << bits) - 1)
+    low = np.minimum(blocks.min(-1), np.float32(0))
+    high = np.maximum(blocks.max(-1), np.float32(0))
+    scales = ((high - low) / top).astype(np.float32)
+    nonzero = scales != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero = np.where(nonzero, np.float32(0) - low / scales, low).astype(np.float32)
+        reciprocal = np.where(nonzero, np.float32(1) / scales, np.float32(0))
+    zero = np.clip(_round_half_away(zero), 0, top).astype(np.float32)
+    shifted = (blocks * reciprocal[..., None]).astype(np.float32) + zero[..., None]
+    q = np.clip(_round_half_away(shifted), 0, top).astype(np.uint8)
+    return q, scales, zero.astype(np.uint8)
+
+
 def _litert_integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """LiteRT's `(q, scales)`: positive scales, narrow range, float16 scales at 4 bits."""
     top = (1 << (bits - 1)) - 1
@@ -109,22 +133,47 @@ def _litert_integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndar
     return (signed + (1 << (bits - 1))).astype(np.uint8), scales
 
 
+def pack(q: np.ndarray, bits: int, fill: int = 0) -> np.ndarray:
+    """`q` along its last axis as MatMulNBits stores it: 4 bits two a byte, low nibble
+    first, an odd count's last high nibble `fill` (MLAS fills zero points' with 8)."""
+    if bits == 8:
+        return q
+    if bits != 4:
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}.")
+    if q.shape[-1] % 2:
+        q = np.concatenate([q, np.full((*q.shape[:-1], 1), fill, np.uint8)], axis=-1)
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
 def quantize(
-    kernel: np.ndarray, bits: int, block_size: int | None, rule: str = "mlas"
+    kernel: np.ndarray,
+    bits: int,
+    block_size: int | None,
+    rule: str = "mlas",
+    symmetric: bool = True,
 ) -> Quantized:
-    """`kernel` `(K, N)` symmetric round-to-nearest, blockwise along K (module docstring):
-    `rule` "mlas" (MatMulNBits') or "litert"; `block_size` None: one block per column."""
+    """`kernel` `(K, N)` round-to-nearest, blockwise along K (module docstring): `rule`
+    "mlas" (MatMulNBits') or "litert" (symmetric only); `block_size` None: one block per
+    column; `symmetric` False: with zero points (MLAS's asymmetric blocks)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}.")
-    blocks = _blocks(kernel, block_size)
-    q, scales = (_integers if rule == "mlas" else _litert_integers)(blocks, bits)
-    if bits == 4:
-        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    elif bits == 8:
-        packed = q
-    else:
+    if bits not in QUANTIZE_MODES.values():
         raise ValueError(f"bits must be 4 or 8, got {bits!r}.")
-    return Quantized(packed, scales, bits, blocks.shape[-1])
+    blocks = _blocks(kernel, block_size)
+    if not symmetric:
+        if rule != "mlas":
+            raise ValueError("LiteRT's blocks are symmetric (rule='litert', symmetric=False).")
+        q, scales, zeros = _asymmetric_integers(blocks, bits)
+        zeros = pack(zeros, bits, fill=1 << (bits - 1))
+        return Quantized(pack(q, bits), scales, bits, blocks.shape[-1], zeros)
+    q, scales = (_integers if rule == "mlas" else _litert_integers)(blocks, bits)
+    return Quantized(pack(q, bits), scales, bits, blocks.shape[-1])
+
+
+def quantize_as(kernel: np.ndarray, quantization) -> Quantized:
+    """`kernel` quantized as `quantization` (a `quantized_graph.Quantization`) asks."""
+    q = quantization
+    return quantize(kernel, q.bits, q.block_size, q.rule, getattr(q, "symmetric", True))
 
 
 def asymmetric(
@@ -195,7 +244,11 @@ def dequantize(quantized: Quantized) -> np.ndarray:
 
 
 def round_trip(
-    kernel: np.ndarray, bits: int, block_size: int | None, rule: str = "mlas"
+    kernel: np.ndarray,
+    bits: int,
+    block_size: int | None,
+    rule: str = "mlas",
+    symmetric: bool = True,
 ) -> np.ndarray:
     """`dequantize(quantize(kernel))`: the float32 weight a quantized file computes with."""
-    return dequantize(quantize(kernel, bits, block_size, rule))
+    return dequantize(quantize(kernel, bits, block_size, rule, symmetric))

@@ -1,11 +1,11 @@
 """The reference a quantized file is verified against, and its judging with int8 activations.
 
 The reference is the Keras model with every weight the file quantizes replaced by what the
-file stores, dequantized (`quantize.round_trip`): the model's own variables, for the
-reference's run (`dequantized_weights`), found by content (a description's kernel is a
-Keras variable reshaped, `(K, N)` from its leading and trailing axes, or transposed: a
-tied table). Against it a file with float arithmetic
-(accuracy_level 0/1) is judged as float32 files are (`check.compare_greedy`).
+file stores, dequantized (`quantize.quantize_as`, zero points included): the model's own
+variables, for the reference's run (`dequantized_weights`), found by content (a
+description's kernel is a Keras variable reshaped, `(K, N)` from its leading and trailing
+axes, or transposed: a tied table). Against it a file with float arithmetic (accuracy_level
+0/1) is judged as float32 files are (`check.compare_greedy`).
 
 With accuracy_level 2-4 onnxruntime quantizes each MatMulNBits' input to int8 per block
 of `block_size` along K (scale `max|a|/127`), so the file's logits differ from the
@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from keras_posenc.export.decoder.logit_tolerance import compared, row_scale
-from keras_posenc.export.decoder.quantize import round_trip
+from keras_posenc.export.decoder.quantize import dequantize, quantize_as
 from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.errors import ExportError
 
@@ -69,7 +69,7 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
             holds (the reference could not be made).
     """
     named, q = quantized_kernels(decoder), quantization
-    kernels = [(kernel, round_trip(kernel, q.bits, q.block_size, q.rule)) for _, kernel in named]
+    kernels = [(kernel, dequantize(quantize_as(kernel, q))) for _, kernel in named]
     changes, found, table = [], set(), _fingerprints(kernels)
     for variable in model.weights:
         if not keras.backend.is_float_dtype(variable.dtype):

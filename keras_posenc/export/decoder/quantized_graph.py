@@ -2,7 +2,8 @@
 
 Every projection (the packed or separate q/k/v, the attention output, the MLP's gate, up
 and down, the head) is one `com.microsoft.MatMulNBits` over `quantize.py`'s blocks
-(symmetric: no zero points). A tied embedding (the head's kernel is the table transposed)
+(symmetric: no zero points; asymmetric, `save_decoder(symmetric=False)`: each node's
+`zero_points` input too). A tied embedding (the head's kernel is the table transposed)
 is `GatherBlockQuantized` over the head's packed weights reshaped to `(vocabulary,
 K * bits / 8)`; an untied one stays a float32 `Gather`. A mixture of experts' experts are one
 `com.microsoft.QMoE` (`moe.py`; its router stays float32). Weights outside that list (Gemma
@@ -25,7 +26,7 @@ from keras_posenc.export.decoder.keras_quantized_graph import (
     stored_matmul,
 )
 from keras_posenc.export.decoder.moe import expert_kernels, refuse_unblockable_experts
-from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize
+from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize_as
 from keras_posenc.export.decoder.quantized_standard import (
     FUSED_ACCURACY_LEVEL,
     dequantized_weight,
@@ -56,6 +57,8 @@ class Quantization:
     # rounded together: the widest of int4's / gptq's / awq's blocks, the widest row where
     # Keras rounds its rows); None: quantized at export.
     keras: str | None = None
+    # False: asymmetric blocks with zero points (`quantize.py`), `save_decoder(symmetric=)`.
+    symmetric: bool = True
 
     @property
     def keras_rounded(self) -> bool:
@@ -64,16 +67,25 @@ class Quantization:
 
 
 def checked_quantization(
-    quantize_mode, block_size, accuracy_level, attention: str, formats: tuple
+    quantize_mode, block_size, accuracy_level, attention: str, formats: tuple, symmetric=True
 ) -> Quantization | None:
     """The `Quantization` of `save_decoder`'s arguments, or None (`quantize=None`).
 
     Raises:
-        ValueError: a mode, block size or accuracy level the runtime does not take.
-        ExportError: ONNX and LiteRT in one call (they store other integers), or an
-            accuracy level other than 4 with standard ops (the file carries none).
+        ValueError: a mode, block size, accuracy level or `symmetric` the runtime does not
+            take.
+        ExportError: ONNX and LiteRT in one call (they store other integers), an accuracy
+            level other than 4 with standard ops (the file carries none), or asymmetric
+            blocks in a LiteRT file (`refuse_asymmetric`).
     """
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"symmetric must be True or False, got {symmetric!r}.")
     if quantize_mode is None:
+        if not symmetric:
+            raise ValueError(
+                "symmetric=False asks for asymmetric quantized blocks, but quantize=None: pass "
+                "quantize='int4' or 'int8' with it, or leave symmetric at True."
+            )
         return None
     if quantize_mode not in QUANTIZE_MODES:
         raise ValueError(
@@ -88,6 +100,7 @@ def checked_quantization(
         )
     bits = QUANTIZE_MODES[quantize_mode]
     if "onnx" not in formats:
+        refuse_asymmetric(symmetric, formats)
         return litert_quantization(bits, block_size)
     if attention == "standard" and accuracy_level != 4:
         raise ExportError(
@@ -102,7 +115,18 @@ def checked_quantization(
             "LiteRT store other integers (MatMulNBits' scales keep their sign, LiteRT's are "
             "positive), so one reference cannot verify both; export each on its own."
         )
-    return Quantization(bits, block_size, int(accuracy_level))
+    return Quantization(bits, block_size, int(accuracy_level), symmetric=symmetric)
+
+
+def refuse_asymmetric(symmetric: bool, formats: tuple) -> None:
+    """Refuses asymmetric blocks in a LiteRT file: its blockwise int4 and per-channel int8
+    `FULLY_CONNECTED` weights are symmetric (no zero point)."""
+    if not symmetric:
+        raise ExportError(
+            f"symmetric=False with formats={tuple(formats)!r}: LiteRT's quantized "
+            "FULLY_CONNECTED weights (int8 per channel, int4 blockwise) are symmetric and take "
+            "no zero points; leave symmetric=True, or export formats=('onnx',)."
+        )
 
 
 def litert_quantization(bits: int, block_size: int) -> Quantization:
@@ -239,12 +263,16 @@ def is_tied(decoder) -> bool:
     )
 
 
-def _stored(g: GraphBuilder, name: str, kernel: np.ndarray) -> tuple[str, str]:
-    """`(packed, scales)` initializers of `kernel` quantized."""
+def _stored(g: GraphBuilder, name: str, kernel: np.ndarray) -> tuple[str, ...]:
+    """`(packed, scales)` initializers of `kernel` quantized, and its zero points where
+    the blocks are asymmetric (MatMulNBits' and GatherBlockQuantized's inputs in order)."""
     q = g.quantization
-    stored = quantize(kernel, q.bits, q.block_size)
+    stored = quantize_as(kernel, q)
     packed = g.initializer(f"{name}.MatMul.weight_Q{q.bits}", stored.packed)
-    return packed, g.initializer(f"{name}.MatMul.weight_scales", stored.scales)
+    names = (packed, g.initializer(f"{name}.MatMul.weight_scales", stored.scales))
+    if stored.zero_points is None:
+        return names
+    return (*names, g.initializer(f"{name}.MatMul.weight_zp", stored.zero_points))
 
 
 def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str], outputs=1):
@@ -264,8 +292,7 @@ def _nbits(g: GraphBuilder, x: str, kernel: np.ndarray, stored: tuple[str, str],
 
 def _dequantized(g: GraphBuilder, kernel: np.ndarray, name: str) -> str:
     """The standard-op graph's float kernel: `DequantizeLinear` over `kernel` quantized."""
-    q = g.quantization
-    return dequantized_weight(g, quantize(kernel, q.bits, q.block_size), name)
+    return dequantized_weight(g, quantize_as(kernel, g.quantization), name)
 
 
 def _keras_stored(g: GraphBuilder, name: str):
@@ -339,15 +366,15 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
         return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     q = g.quantization
     if g.standard:  # the head's integers, and a copy for the embedding (`tied_lookup`)
-        embedded, g.tied_table = tied_lookup(g, quantize(decoder.head, q.bits, q.block_size), ids)
+        embedded, g.tied_table = tied_lookup(g, quantize_as(decoder.head, q), ids)
         return embedded
     g.head_stored = _stored(g, "lm_head", decoder.head)
-    packed, scales = g.head_stored
+    packed, scales, *zero_points = g.head_stored  # and the head's zero points, as the builder
     width = decoder.head.shape[0] * q.bits // 8
     table = g.node("Reshape", [packed, g.constant([decoder.vocabulary, width], np.int64)])
     return g.node(
         "GatherBlockQuantized",
-        [table, ids, scales],
+        [table, ids, scales, *zero_points],
         domain=MICROSOFT,
         bits=q.bits,
         block_size=q.block_size,

@@ -22,18 +22,19 @@ import numpy as np
 from keras_posenc.export.decoder.judge import router_releases
 from keras_posenc.export.decoder.logit_tolerance import RTOL
 from keras_posenc.export.decoder.moe import expert_kernels
-from keras_posenc.export.decoder.quantize import round_trip
+from keras_posenc.export.decoder.quantize import dequantize, quantize_as
 from keras_posenc.export.decoder.quantized_graph import is_tied
 
 
 def dequantized_description(decoder, quantization):
     """`decoder` with each kernel the file quantizes (`quantized_graph.quantized_kernels`)
-    replaced by `quantize.round_trip` of it: what the file computes with."""
+    replaced by it quantized (`quantize.quantize_as`, zero points included) and
+    dequantized: what the file computes with."""
 
     def stored(kernel: np.ndarray) -> np.ndarray:
         if not kernel.shape[1]:  # a KV-sharing layer's key and value are (width, 0)
             return kernel
-        return round_trip(kernel, quantization.bits, quantization.block_size)
+        return dequantize(quantize_as(kernel, quantization))
 
     blocks = []
     for i, block in enumerate(decoder.blocks):

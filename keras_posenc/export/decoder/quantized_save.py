@@ -240,6 +240,8 @@ def quantization_entry(quantization, block: int, bounded: bool) -> dict:
         "block_size": quantization.block_size,  # None: one scale per output channel
         "accuracy_level": quantization.accuracy_level,  # None: LiteRT (int8 activations)
         "rule": quantization.rule,
+        # False: zero points stored; None: a model Keras quantized (its own blocks as stored)
+        "symmetric": None if quantization.keras else quantization.symmetric,
         "judged": "int8-activation bound" if bounded else "float32 tolerance",
         "activation_block": block,
     }

@@ -97,6 +97,7 @@ def save_decoder(
     quantize: str | None = None,
     block_size: int = 32,
     accuracy_level: int = 4,
+    symmetric: bool = True,
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
@@ -124,7 +125,7 @@ def save_decoder(
         prefill_lengths, tokenizer, prompt_template: `model.litertlm`'s (docs/litertlm.md).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
-        quantize, block_size, accuracy_level: int8/int4 weights (docs/quantization.md).
+        quantize, block_size, accuracy_level, symmetric: int8/int4 weights (docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`), also `folder/verification.json`:
@@ -137,7 +138,7 @@ def save_decoder(
     """
     formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
     asked = (quantize, block_size, accuracy_level, attention, formats)
-    quantization = checked_quantization(*asked)
+    quantization = checked_quantization(*asked, symmetric)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
     with reporting(progress := Progress(check_verbose(verbose), folder)):
