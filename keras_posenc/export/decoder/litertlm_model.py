@@ -7,6 +7,8 @@ len need to be dynamic or static at the same time"). This file has batch 1 in ev
 spec, one static `prefill_<n>` signature per length (the engine splits a prompt over them
 and pads the last chunk) and `decode`; the same tensor names, int32 `tokens` and
 `input_pos` (int64 tokens load and give wrong tokens silently) and the same graph.
+`input_pos` keeps one slot per token, `(n,)`: with `(1,)` the engine prefilled at a
+fraction of litert-torch's speed (`docs/litertlm.md`).
 """
 
 from __future__ import annotations
@@ -83,8 +85,11 @@ class StaticDecoderModule(DecoderModule):
         )
 
     def _specs(self, sequence: int | None) -> list[tf.TensorSpec]:
+        # Batch 1 in every spec with a batch axis; `input_pos` `(sequence,)` has none.
         return [
-            tf.TensorSpec([1, *spec.shape[1:]], spec.dtype, name=spec.name)
+            spec
+            if spec.name == "input_pos"
+            else tf.TensorSpec([1, *spec.shape[1:]], spec.dtype, name=spec.name)
             for spec in super()._specs(sequence)
         ]
 
