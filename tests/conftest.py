@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 
 # Before anything imports Keras: the package needs the TensorFlow backend.
@@ -180,3 +181,16 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {error}")
             return
         error = error.__cause__ or error.__context__
+
+
+def pytest_collection_finish(session) -> None:
+    """Everything imported and collected so far (TensorFlow, Keras, ONNX, the test modules:
+    about 400,000 objects) moved out of the garbage collector's reach (`gc.freeze`).
+
+    These objects live for the whole session, yet every full collection walked them all;
+    full collections are frequent here (`on_demand.OneAtATime.close` asks for one each time
+    a verification moves to the next runtime, Keras's `Layer.__delattr__` for each kernel
+    `quantize()` replaces). Objects made by the tests are collected as before.
+    """
+    gc.collect()
+    gc.freeze()

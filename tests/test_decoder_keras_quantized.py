@@ -19,6 +19,7 @@ import onnxruntime
 import pytest
 from float32_error import U, assert_within_bound, linear_error
 from keras_hub_models import GENAI, tiny_causal_lm, tiny_gpt_oss
+from keras_quantizing import without_collection_per_variable
 from onnx import TensorProto, helper, numpy_helper
 from test_decoder_save import step_model
 
@@ -47,6 +48,13 @@ from keras_posenc.keras_hub import describe_causal_lm
 from keras_posenc.keras_hub.private import llama_part
 
 MAX_LENGTH = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quantize_without_collecting():
+    """Every `quantize()` here without Keras's full collection of the heap per kernel."""
+    with without_collection_per_variable():
+        yield
 
 
 def _quantized(mode: str, **options):

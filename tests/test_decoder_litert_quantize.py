@@ -10,6 +10,7 @@ a file with a wrong scale, nibble order or row order fails.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import keras
@@ -18,7 +19,7 @@ import pytest
 import tensorflow as tf
 from float32_error import gamma
 from tensorflow.lite.python import schema_py_generated as schema
-from test_decoder_save import MAX_LENGTH, step_model
+from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
 from keras_posenc.export.decoder import save
@@ -31,6 +32,9 @@ from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 
 QUANTIZATIONS = {"int8": litert_quantization(8, 32), "int4": litert_quantization(4, 32)}
+# The step model's files: 16 greedy steps and a teacher-forced prompt of 24 (as
+# tests/test_decoder_keras_quantized.py); no window, table or chunk ends between 24 and 80.
+MAX_LENGTH = 24
 
 
 def _one_matmul(kernel: np.ndarray, quantize_weights: bool = False) -> bytes:
@@ -127,19 +131,42 @@ def _quantized_weights(content: bytes) -> list:
     ]
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_step_model_exports_to_litert_quantized_and_verified(tmp_path, mode):
+@pytest.fixture(scope="module")
+def seeded_step_model():
+    """`(model, its weights)`: one step model for every file of this module (seed 0)."""
     keras.utils.set_random_seed(0)
     model = step_model()
-    before = [w.copy() for w in model.get_weights()]
-    report = _save(model, tmp_path / "q", formats=("litert",), quantize=mode)
+    return model, [w.copy() for w in model.get_weights()]
+
+
+@pytest.fixture(scope="module")
+def float_litert(seeded_step_model, tmp_path_factory):
+    """`(report, folder)` of the step model's float32 LiteRT file, verified."""
+    folder = tmp_path_factory.mktemp("float") / "f"
+    return _save(seeded_step_model[0], folder, formats=("litert",)), folder
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def step_litert_quantized(request, seeded_step_model, tmp_path_factory):
+    """`(mode, report, folder)` of the step model's quantized LiteRT file, verified: the
+    export the tests below judge and tamper with (one export per mode)."""
+    folder = tmp_path_factory.mktemp(request.param) / "q"
+    report = _save(seeded_step_model[0], folder, formats=("litert",), quantize=request.param)
+    return request.param, report, folder
+
+
+def test_a_step_model_exports_to_litert_quantized_and_verified(
+    seeded_step_model, float_litert, step_litert_quantized
+):
+    model, before = seeded_step_model
+    _, report, folder = step_litert_quantized
     assert report["passed"]
-    content = (tmp_path / "q" / "model.tflite").read_bytes()
+    content = (folder / "model.tflite").read_bytes()
     # per layer: q, k, v, o, gate, up, down; then the head
     assert len(_quantized_weights(content)) == 2 * 7 + 1
-    float_file = _save(model, tmp_path / "f", formats=("litert",))
+    float_file, float_folder = float_litert
     assert float_file["passed"]
-    assert len(content) < 0.6 * (tmp_path / "f" / "model.tflite").stat().st_size
+    assert len(content) < 0.6 * (float_folder / "model.tflite").stat().st_size
     for case in report["cases"]:
         runtimes = case["runtimes"]
         assert runtimes["litert"]["bound_used"] <= 1
@@ -185,12 +212,12 @@ def _tamper_nibbles(model, subgraph, weight):
     model.buffers[weight.buffer].data = ((data >> 4) | (data << 4)).astype(np.uint8)
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_tampered_litert_file_fails_the_verification(tmp_path, mode):
-    keras.utils.set_random_seed(0)
-    model = step_model()
-    folder = tmp_path / "q"
-    _save(model, folder, formats=("litert",), quantize=mode, verify=False)
+def test_a_tampered_litert_file_fails_the_verification(
+    tmp_path, seeded_step_model, step_litert_quantized
+):
+    model = seeded_step_model[0]
+    mode, _, written_folder = step_litert_quantized
+    folder = shutil.copytree(written_folder, tmp_path / "q")
     decoder = describe_decoder(model, MAX_LENGTH)
     written = (folder / "model.tflite").read_bytes()
     tampers = [_tamper_scale, _tamper_rows] + ([_tamper_nibbles] if mode == "int4" else [])
