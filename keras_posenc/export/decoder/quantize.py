@@ -3,8 +3,8 @@
 A kernel `w` of shape `(K, N)` (`y = x @ w`) is cut, column by column, into blocks of
 `block_size` rows along K. Each block gets one float32 `scale` and `bits`-bit integers
 `q` with `w ≈ (q - zero) * scale`, `zero = 2^(bits-1)` (symmetric: no zero points are
-stored). The scale is the block's value of largest magnitude, sign kept, over `-zero`
-(so that value is `q = 0` exactly), and `q = round(w / scale + zero)` (half away from
+stored). The scale is the block's value of largest magnitude, sign kept (the negative
+one where `m` and `-m` tie), over `-zero` (so that value is `q = 0` exactly), and `q = round(w / scale + zero)` (half away from
 zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8bits`
 (MLAS), which the genai builder's `MatMulNBitsQuantizer` calls, bit for bit.
 
@@ -95,7 +95,10 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 def _integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """MLAS's `(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    # The block's value of largest magnitude; of `m` and `-m` (frequent in bfloat16
+    # weights) `-m`, as MLAS: `|max| > |min| ? max : min`.
+    high, low = blocks.max(-1), blocks.min(-1)
+    largest = np.where(np.abs(high) > np.abs(low), high, low)
     zero = np.float32(1 << (bits - 1))
     scales = (largest / -zero).astype(np.float32)
     with np.errstate(divide="ignore"):
