@@ -86,7 +86,9 @@ def _blocks(kernel: np.ndarray, block_size: int | None) -> np.ndarray:
     block_size = k if block_size is None else block_size
     if k % block_size:
         raise ValueError(f"K={k} is not a multiple of block_size={block_size}.")
-    return np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    # C-ordered, as is all that is made from it (a caller may hand it to a C function)
+    blocks = np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    return np.ascontiguousarray(blocks)
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
