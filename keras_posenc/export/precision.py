@@ -59,7 +59,7 @@ def _quantize_like(copy: keras.Model, model: keras.Model) -> None:
     quantized from the config (a layer made inside another's `__init__`, quantized after
     it: its config does not say so), with the mode and block size of `model`'s layer, so
     that both hold the same variables; `float32_copy` then gives them `model`'s values."""
-    pairs = list(zip(keras_private.all_layers(model), keras_private.all_layers(copy)))
+    pairs = zip(keras_private.all_layers(model), keras_private.all_layers(copy), strict=True)
     for layer, copied in pairs:
         mode = getattr(layer.dtype_policy, "quantization_mode", None)
         if mode is None or getattr(copied.dtype_policy, "quantization_mode", None):

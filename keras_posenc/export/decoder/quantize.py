@@ -3,10 +3,11 @@
 A kernel `w` of shape `(K, N)` (`y = x @ w`) is cut, column by column, into blocks of
 `block_size` rows along K. Each block gets one float32 `scale` and `bits`-bit integers
 `q` with `w ≈ (q - zero) * scale`, `zero = 2^(bits-1)` (symmetric: no zero points are
-stored). The scale is the block's value of largest magnitude, sign kept (the negative
-one where `m` and `-m` tie), over `-zero` (so that value is `q = 0` exactly), and `q = round(w / scale + zero)` (half away from
-zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8bits`
-(MLAS), which the genai builder's `MatMulNBitsQuantizer` calls, bit for bit.
+stored). The scale is the block's value of largest magnitude, sign kept (the negative one
+where `m` and `-m` tie), over `-zero` (so that value is `q = 0` exactly), and
+`q = round(w / scale + zero)` (half away from zero) clipped to `[0, 2^bits - 1]`:
+onnxruntime's `quantize_matmul_4bits` / `_8bits` (MLAS), which the genai builder's
+`MatMulNBitsQuantizer` calls, bit for bit.
 
 Stored: `B` uint8 `(N, K / block_size, block_size * bits / 8)` (4 bits: two per byte,
 the lower K index in the low nibble), `scales` float32 `(N, K / block_size)`.
