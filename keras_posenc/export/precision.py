@@ -59,16 +59,22 @@ def _quantize_like(copy: keras.Model, model: keras.Model) -> None:
     quantized from the config (a layer made inside another's `__init__`, quantized after
     it: its config does not say so), with the mode and block size of `model`'s layer, so
     that both hold the same variables; `float32_copy` then gives them `model`'s values."""
-    pairs = zip(keras_private.all_layers(model), keras_private.all_layers(copy), strict=True)
-    for layer, copied in pairs:
-        mode = getattr(layer.dtype_policy, "quantization_mode", None)
-        if mode is None or getattr(copied.dtype_policy, "quantization_mode", None):
+    layers = keras_private.all_layers(model)
+    if not any(_quantization_mode(layer) for layer in layers):
+        return  # a float model: nothing to pair
+    for layer, copied in zip(layers, keras_private.all_layers(copy), strict=True):
+        mode = _quantization_mode(layer)
+        if mode is None or _quantization_mode(copied):
             continue
         config = getattr(layer, "quantization_config", None)
         block_size = getattr(layer.dtype_policy, "block_size", None)
         if config is None and mode == "int4" and block_size is not None:
             config = keras.quantizers.Int4QuantizationConfig(block_size=block_size)
         copied.quantize(mode, type_check=False, config=config)
+
+
+def _quantization_mode(layer) -> str | None:
+    return getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
 
 
 def _float32_config(config):
