@@ -98,6 +98,7 @@ def test_a_wrong_table_scale_fails_the_verification(written):
         ({}, ExportError, "needs quantize='int4'"),
         ({"quantize": "int8"}, ExportError, "needs quantize='int4'"),
         ({"quantize": "int4", "attention": "standard"}, ExportError, "attention='gqa' only"),
+        ({"quantize": "int4", "symmetric": False}, ExportError, "symmetric only"),
         ({"quantize": "int4", "formats": ("litert",)}, ExportError, "needs quantize='int4'"),
     ],
 )
