@@ -41,6 +41,7 @@ def float32_copy(model: keras.Model) -> keras.Model:
     """
     config = _float32_config(keras.saving.serialize_keras_object(model))
     copy = keras.saving.deserialize_keras_object(config)
+    _quantize_like(copy, model)
     weights = model.get_weights()
     copy.set_weights(
         [
@@ -51,6 +52,29 @@ def float32_copy(model: keras.Model) -> keras.Model:
         ]
     )
     return copy
+
+
+def _quantize_like(copy: keras.Model, model: keras.Model) -> None:
+    """Quantizes each layer of `copy` that is quantized in `model` but was not rebuilt
+    quantized from the config (a layer made inside another's `__init__`, quantized after
+    it: its config does not say so), with the mode and block size of `model`'s layer, so
+    that both hold the same variables; `float32_copy` then gives them `model`'s values."""
+    layers = keras_private.all_layers(model)
+    if not any(_quantization_mode(layer) for layer in layers):
+        return  # a float model: nothing to pair
+    for layer, copied in zip(layers, keras_private.all_layers(copy), strict=True):
+        mode = _quantization_mode(layer)
+        if mode is None or _quantization_mode(copied):
+            continue
+        config = getattr(layer, "quantization_config", None)
+        block_size = getattr(layer.dtype_policy, "block_size", None)
+        if config is None and mode == "int4" and block_size is not None:
+            config = keras.quantizers.Int4QuantizationConfig(block_size=block_size)
+        copied.quantize(mode, type_check=False, config=config)
+
+
+def _quantization_mode(layer) -> str | None:
+    return getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
 
 
 def _float32_config(config):
@@ -65,6 +89,12 @@ def _float32_config(config):
                 and value.get("class_name") == "DTypePolicy"
             ):
                 value = {**value, "config": {**value["config"], "name": "float32"}}
+            elif (
+                key in ("dtype", "dtype_policy")
+                and isinstance(value, dict)
+                and is_low_precision(value.get("config", {}).get("source_name") or "")
+            ):  # a quantized layer's policy (`int8_from_bfloat16`): its source becomes float32
+                value = {**value, "config": {**value["config"], "source_name": "float32"}}
             result[key] = _float32_config(value)
         return result
     if isinstance(config, list):

@@ -3,10 +3,11 @@
 A kernel `w` of shape `(K, N)` (`y = x @ w`) is cut, column by column, into blocks of
 `block_size` rows along K. Each block gets one float32 `scale` and `bits`-bit integers
 `q` with `w ≈ (q - zero) * scale`, `zero = 2^(bits-1)` (symmetric: no zero points are
-stored). The scale is the block's value of largest magnitude, sign kept, over `-zero`
-(so that value is `q = 0` exactly), and `q = round(w / scale + zero)` (half away from
-zero) clipped to `[0, 2^bits - 1]`: onnxruntime's `quantize_matmul_4bits` / `_8bits`
-(MLAS), which the genai builder's `MatMulNBitsQuantizer` calls, bit for bit.
+stored). The scale is the block's value of largest magnitude, sign kept (the negative one
+where `m` and `-m` tie), over `-zero` (so that value is `q = 0` exactly), and
+`q = round(w / scale + zero)` (half away from zero) clipped to `[0, 2^bits - 1]`:
+onnxruntime's `quantize_matmul_4bits` / `_8bits` (MLAS), which the genai builder's
+`MatMulNBitsQuantizer` calls, bit for bit.
 
 Stored: `B` uint8 `(N, K / block_size, block_size * bits / 8)` (4 bits: two per byte,
 the lower K index in the low nibble), `scales` float32 `(N, K / block_size)`.
@@ -86,7 +87,9 @@ def _blocks(kernel: np.ndarray, block_size: int | None) -> np.ndarray:
     block_size = k if block_size is None else block_size
     if k % block_size:
         raise ValueError(f"K={k} is not a multiple of block_size={block_size}.")
-    return np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    # C-ordered, as is all that is made from it (a caller may hand it to a C function)
+    blocks = np.asarray(kernel, np.float32).T.reshape(n, k // block_size, block_size)
+    return np.ascontiguousarray(blocks)
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
@@ -95,7 +98,10 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 def _integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """MLAS's `(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    # The block's value of largest magnitude; of `m` and `-m` (frequent in bfloat16
+    # weights) `-m`, as MLAS: `|max| > |min| ? max : min`.
+    high, low = blocks.max(-1), blocks.min(-1)
+    largest = np.where(np.abs(high) > np.abs(low), high, low)
     zero = np.float32(1 << (bits - 1))
     scales = (largest / -zero).astype(np.float32)
     with np.errstate(divide="ignore"):

@@ -26,7 +26,8 @@ import numpy as np
 
 from keras_posenc.export.decoder.logit_tolerance import compared, row_scale
 from keras_posenc.export.decoder.quantize import dequantize, quantize_as
-from keras_posenc.export.decoder.quantized_graph import quantized_kernels
+from keras_posenc.export.decoder.quantized_embedding import gather_round_trip
+from keras_posenc.export.decoder.quantized_graph import is_tied, quantized_kernels
 from keras_posenc.export.errors import ExportError
 
 
@@ -70,6 +71,10 @@ def dequantized_weights(model: keras.Model, decoder, quantization):
     """
     named, q = quantized_kernels(decoder), quantization
     kernels = [(kernel, dequantize(quantize_as(kernel, q))) for _, kernel in named]
+    if q.embedding and not is_tied(decoder):  # GatherBlockQuantized's own rule, (V, D)
+        table = decoder.embedding
+        named.append(("embed_tokens", table.T))
+        kernels.append((table.T, gather_round_trip(table, q.block_size).T))
     changes, found, table = [], set(), _fingerprints(kernels)
     for variable in model.weights:
         if not keras.backend.is_float_dtype(variable.dtype):

@@ -27,6 +27,7 @@ from keras_posenc.export.decoder.keras_quantized_graph import (
 )
 from keras_posenc.export.decoder.moe import expert_kernels, refuse_unblockable_experts
 from keras_posenc.export.decoder.quantize import QUANTIZE_MODES, check_block_size, quantize_as
+from keras_posenc.export.decoder.quantized_embedding import quantized_lookup
 from keras_posenc.export.decoder.quantized_standard import (
     FUSED_ACCURACY_LEVEL,
     dequantized_weight,
@@ -59,6 +60,8 @@ class Quantization:
     keras: str | None = None
     # False: asymmetric blocks with zero points (`quantize.py`), `save_decoder(symmetric=)`.
     symmetric: bool = True
+    # The untied embedding as int4 GatherBlockQuantized too (`quantized_embedding.py`).
+    embedding: bool = False
 
     @property
     def keras_rounded(self) -> bool:
@@ -362,9 +365,11 @@ def embedding_lookup(g: GraphBuilder, decoder, ids: str) -> str:
         # One table for both, stored once: the head's (width, vocabulary), by column.
         g.tied_table = g.initializer("lm_head", decoder.head)
         return g.node("Transpose", [g.node("Gather", [g.tied_table, ids], axis=1)], perm=[1, 2, 0])
-    if not is_tied(decoder):
-        return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     q = g.quantization
+    if not is_tied(decoder):
+        if q.embedding:
+            return quantized_lookup(g, decoder.embedding, ids)
+        return g.node("Gather", [g.initializer("embed_tokens", decoder.embedding), ids])
     if g.standard:  # the head's integers, and a copy for the embedding (`tied_lookup`)
         embedded, g.tied_table = tied_lookup(g, quantize_as(decoder.head, q), ids)
         return embedded

@@ -23,6 +23,7 @@ from keras_posenc.export.decoder.judge import router_releases
 from keras_posenc.export.decoder.logit_tolerance import RTOL
 from keras_posenc.export.decoder.moe import expert_kernels
 from keras_posenc.export.decoder.quantize import dequantize, quantize_as
+from keras_posenc.export.decoder.quantized_embedding import gather_round_trip
 from keras_posenc.export.decoder.quantized_graph import is_tied
 
 
@@ -58,6 +59,8 @@ def dequantized_description(decoder, quantization):
         blocks.append(dataclasses.replace(block, attention=attention, mlp=mlp))
     head = stored(decoder.head)
     embedding = np.ascontiguousarray(head.T) if is_tied(decoder) else decoder.embedding
+    if quantization.embedding and not is_tied(decoder):
+        embedding = gather_round_trip(decoder.embedding, quantization.block_size)
     return dataclasses.replace(decoder, blocks=tuple(blocks), head=head, embedding=embedding)
 
 

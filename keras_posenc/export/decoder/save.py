@@ -35,6 +35,7 @@ from keras_posenc.export.decoder.litertlm_check import (
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
+from keras_posenc.export.decoder.quantized_embedding import embedding_quantization
 from keras_posenc.export.decoder.quantized_graph import checked_quantization, keras_quantization
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
@@ -98,6 +99,7 @@ def save_decoder(
     block_size: int = 32,
     accuracy_level: int = 4,
     symmetric: bool = True,
+    quantize_embedding: bool = False,
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
@@ -126,6 +128,8 @@ def save_decoder(
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level, symmetric: int8/int4 weights (docs/quantization.md).
+        quantize_embedding: with `quantize="int4"`, an untied embedding as int4 too (the
+            builder's `op_types_to_quantize=MatMul/Gather`).
 
     Returns:
         The verification report (`{}` with `verify=False`), also `folder/verification.json`:
@@ -139,6 +143,7 @@ def save_decoder(
     formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
     asked = (quantize, block_size, accuracy_level, attention, formats)
     quantization = checked_quantization(*asked, symmetric)
+    quantization = embedding_quantization(quantization, quantize_embedding, attention)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
     use_external_data(0, external_data)  # a wrong value, before any work
     with reporting(progress := Progress(check_verbose(verbose), folder)):
