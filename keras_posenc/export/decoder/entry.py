@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder.check import PROMPT
 from keras_posenc.export.decoder.keras_quantized import refuse_unexportable
+from keras_posenc.export.decoder.quantized_embedding import embedding_quantization
+from keras_posenc.export.decoder.quantized_graph import checked_quantization
+from keras_posenc.export.decoder.weights_file import use_external_data
 from keras_posenc.export.errors import ExportError
 from keras_posenc.frequencies import MAX_POSITIONS
 from keras_posenc.layers.checks import checked_int
 
 # The positions a table serves: [0, MAX_POSITIONS).
 LONGEST = MAX_POSITIONS
+ATTENTIONS = ("gqa", "standard")
+FORMATS = ("onnx", "litert", "litertlm")
 
 
 def checked_max_length(max_length, verify: bool = False) -> int:
@@ -48,3 +54,33 @@ def refuse_model_kind(model) -> None:
         )
     # Keras's int8 / int4 layers are read as stored; any other mode is refused by name.
     refuse_unexportable(model, "save_decoder")
+
+
+def checked_arguments(
+    attention: str, formats, max_length, verify: bool, prefill_lengths, external_data
+) -> tuple:
+    """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
+    lengths before the model is described for `max_length` and their padding), and
+    `external_data`'s value."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    if not formats or any(kind not in FORMATS for kind in formats):
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
+    for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
+        if kind in formats:
+            requires_tensorflow(f"save_decoder(formats={kind})")
+    max_length = checked_max_length(max_length, verify)
+    if "litertlm" in formats:
+        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
+
+        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+    use_external_data(0, external_data)  # a wrong value, before any work
+    return formats, max_length, prefill_lengths
+
+
+def checked_quantizations(asked: tuple, symmetric, quantize_embedding):
+    """The `Quantization` that `asked` (`(quantize, block_size, accuracy_level, attention,
+    formats)`), `symmetric` and `quantize_embedding` say, or None; refused by name first."""
+    quantization = checked_quantization(*asked, symmetric)
+    return embedding_quantization(quantization, quantize_embedding, asked[3])

@@ -18,9 +18,9 @@ import tempfile
 import tensorflow as tf
 
 from keras_posenc.export.decoder.description import Decoder
-from keras_posenc.export.decoder.entry import LONGEST
 from keras_posenc.export.decoder.litert_decoder import DecoderModule
 from keras_posenc.export.errors import ExportError
+from keras_posenc.frequencies import MAX_POSITIONS as LONGEST  # the rows a table serves
 
 DEFAULT_PREFILL_LENGTHS = (8, 32)
 

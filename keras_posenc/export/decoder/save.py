@@ -10,14 +10,17 @@ from pathlib import Path
 
 import keras
 
-from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder import progress as progress_lines
 from keras_posenc.export.decoder.check import (
     decoder_cases,
     failure_message,
     verify_decoder,
 )
-from keras_posenc.export.decoder.entry import checked_max_length, refuse_model_kind
+from keras_posenc.export.decoder.entry import (
+    checked_arguments,
+    checked_quantizations,
+    refuse_model_kind,
+)
 from keras_posenc.export.decoder.failed_report import (
     failed_report_path,  # noqa: F401 (save.failed_report_path, as before)
     keep_failed_report,
@@ -35,22 +38,14 @@ from keras_posenc.export.decoder.litertlm_check import (
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
-from keras_posenc.export.decoder.quantized_embedding import embedding_quantization
-from keras_posenc.export.decoder.quantized_graph import checked_quantization, keras_quantization
+from keras_posenc.export.decoder.quantized_graph import keras_quantization
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
-from keras_posenc.export.decoder.weights_file import (
-    plan_weights,
-    session_options,
-    use_external_data,
-    write_onnx,
-)
+from keras_posenc.export.decoder.weights_file import plan_weights, session_options, write_onnx
 from keras_posenc.export.errors import VerificationError
 from keras_posenc.export.files import whole_or_nothing, write_json, written_by_package
 from keras_posenc.export.precision import exportable_model
 
-ATTENTIONS = ("gqa", "standard")
-FORMATS = ("onnx", "litert", "litertlm")
 DEFAULT_FORMATS = ("onnx",)
 
 
@@ -118,53 +113,43 @@ def save_decoder(
         max_length: cache slots and RoPE rows (prompt included): an integer from 2 to 2^24
             (from 9 with `verify`), checked before any work.
         attention: `"gqa"` (onnxruntime's GroupQueryAttention) or `"standard"` (ONNX ops).
-        formats: from `"onnx"` (`model.onnx`, `genai_config.json`), `"litert"`
-            (`model.tflite`) and `"litertlm"` (`model.litertlm`, docs/litertlm.md).
-        bfloat16: `"float32"` exports a low-precision model as float32 (warned), `"error"`
-            refuses; a keras_hub model must be float32 (its reference is keras_hub's).
+        formats: from `"onnx"`, `"litert"` and `"litertlm"` (the files: docs/decoding.md).
+        bfloat16: `"float32"`: a low-precision step model as float32 (warned); `"error"`.
         verify: verify every file against Keras (`check.py`) before the folder is kept.
         bos_token_id, eos_token_id, pad_token_id: None: the tokenizer's, else 0.
         prefill_lengths, tokenizer, prompt_template: `model.litertlm`'s (docs/litertlm.md).
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
-        quantize, block_size, accuracy_level, symmetric: int8/int4 weights (docs/quantization.md).
-        quantize_embedding: with `quantize="int4"`, an untied embedding as int4 too (the
-            builder's `op_types_to_quantize=MatMul/Gather`).
+        quantize, block_size, accuracy_level, symmetric, quantize_embedding: int8/int4
+            weights (docs/quantization.md).
 
     Returns:
-        The verification report (`{}` with `verify=False`), also `folder/verification.json`:
-        per case, one result per runtime (`"onnxruntime"`, `"litert"`, `"onnxruntime-genai"`).
+        The verification report (`{}` with `verify=False`; `folder/verification.json`).
 
     Raises:
         ExportError, TypeError, ValueError: what it cannot write, named before any work.
         VerificationError: a file does not generate as Keras does; its report is left at
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
-    formats, max_length, lengths = _checked(attention, formats, max_length, verify, prefill_lengths)
+    formats, max_length, lengths = checked_arguments(
+        attention, formats, max_length, verify, prefill_lengths, external_data
+    )
     asked = (quantize, block_size, accuracy_level, attention, formats)
-    quantization = checked_quantization(*asked, symmetric)
-    quantization = embedding_quantization(quantization, quantize_embedding, attention)
+    quantization = checked_quantizations(asked, symmetric, quantize_embedding)
     check_id_types(*(ids := (bos_token_id, eos_token_id, pad_token_id)))
-    use_external_data(0, external_data)  # a wrong value, before any work
     with reporting(progress := Progress(check_verbose(verbose), folder)):
         model, decoder, source, reference, slots = _described(model, max_length, bfloat16)
         quantization = keras_quantization(decoder, *asked) or quantization  # Keras's own
     plan = _plan(model, decoder, formats, max_length, (lengths, tokenizer, prompt_template, slots))
     weights = plan_weights(decoder, folder, formats, external_data)
-    progress.say(f"writing {', '.join(_file_names(formats))} ({attention} attention)")
+    progress.say(_writing(formats, attention, folder))
     files = _files(model, decoder, formats, (attention, quantization), plan, ids)
-    replacing = Path(folder).is_dir() and written_by_package(folder)
     with whole_or_nothing(folder, kind="folder") as staging, reporting(progress):
         _write(files, staging, weights)
         files = decoder = None  # neither the graph nor the description held while verifying
-        report = {}
-        if verify:
-            checked = (model, source, reference, min(max_length, slots), quantization, attention)
-            report = _verified(checked, staging, formats, max_length, plan, progress)
-            _raise_if_failed(report, folder)
-            write_json(report, staging / "verification.json")
-        if replacing:
-            progress.say("replacing the folder an earlier save_decoder wrote there")
+        checked = (model, source, reference, min(max_length, slots), quantization, attention)
+        written = (formats, max_length, plan)
+        report = _verified(verify and checked, staging, written, progress, folder)
     remove_failed_report(folder)
     progress.say("done: " + ("every file verified" if verify else "written, not verified"))
     return report
@@ -228,23 +213,14 @@ def _onnx(decoder, attention: str, quantization):
     return decoder_onnx(decoder, attention, quantization)
 
 
-def _checked(attention: str, formats, max_length, verify: bool, prefill_lengths) -> tuple:
-    """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
-    lengths before the model is described for `max_length` and their padding)."""
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
-    if not formats or any(kind not in FORMATS for kind in formats):
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats!r}.")
-    for kind in ("litert", "litertlm"):  # their converter reads a TensorFlow graph
-        if kind in formats:
-            requires_tensorflow(f"save_decoder(formats={kind})")
-    max_length = checked_max_length(max_length, verify)
-    if "litertlm" in formats:
-        from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
-
-        prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
-    return formats, max_length, prefill_lengths
+def _writing(formats: tuple[str, ...], attention: str, folder) -> str:
+    """What the writing phase says: the files, the attention, and whether it replaces a
+    folder an earlier save_decoder wrote (anything else there is refused by
+    `whole_or_nothing`)."""
+    said = f"writing {', '.join(_file_names(formats))} ({attention} attention)"
+    if Path(folder).is_dir() and written_by_package(folder):
+        said += ", replacing the folder an earlier save_decoder wrote there"
+    return said
 
 
 def _file_names(formats: tuple[str, ...]) -> list[str]:
@@ -256,12 +232,16 @@ def _file_names(formats: tuple[str, ...]) -> list[str]:
     return [name for kind in formats for name in names[kind]]
 
 
-def _verified(checked, staging: Path, formats, max_length: int, plan, progress: Progress):
-    """The report of every file in `staging`: `_verify`'s cases (the ONNX and LiteRT files,
-    `checked` its `(model, source, reference, length, quantization, attention)`, `source`
-    the description on demand) and
-    LiteRT-LM's engine's text, with the attention, Keras backend and formats it ran."""
-    model, slot = checked[0], OneAtATime()
+def _verified(checked, staging: Path, written: tuple, progress: Progress, folder) -> dict:
+    """`{}` without `verify` (`checked` False), else the report of every file in
+    `staging`, also written there (raising VerificationError where one failed): `_verify`'s
+    cases (the ONNX and LiteRT files, `checked` its `(model, source, reference, length,
+    quantization, attention)`, `source` the description on demand) and LiteRT-LM's engine's
+    text, with the attention, Keras backend and formats it ran; `written` is `(formats,
+    max_length, plan)`."""
+    if not checked:
+        return {}
+    (formats, max_length, plan), model, slot = written, checked[0], OneAtATime()
     runtimes = _runtimes(staging, formats, max_length, checked[4], slot)
     arguments = (*checked[:3], runtimes, *checked[3:5], progress, slot.close)
     report = _verify(*arguments) if runtimes else {"cases": []}
@@ -273,6 +253,8 @@ def _verified(checked, staging: Path, formats, max_length: int, plan, progress: 
     report["attention"] = checked[5]
     report["keras_backend"] = keras.backend.backend()  # what the reference ran on
     report["formats"] = list(formats)
+    _raise_if_failed(report, folder)
+    write_json(report, staging / "verification.json")
     return report
 
 
