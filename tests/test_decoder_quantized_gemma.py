@@ -128,15 +128,18 @@ def _assert_file_is_the_quantized_model(causal_lm, path, chain: int, block: int)
     assert np.all((np.argmax(got, -1) == np.argmax(expected, -1))[decided])
 
 
-@pytest.mark.parametrize("family,options", [("gemma2", {}), ("gemma3", SMALL_GEMMA3)])
-def test_a_keras_int8_gemma_exports_as_stored_and_verified(tmp_path, family, options):
+# Products per layer: q/k/v packed, o, gate, up, down; Gemma 3's q/k norms unpack q/k/v.
+@pytest.mark.parametrize(
+    "family,options,per_layer", [("gemma2", {}, 5), ("gemma3", SMALL_GEMMA3, 7)]
+)
+def test_a_keras_int8_gemma_exports_as_stored_and_verified(tmp_path, family, options, per_layer):
     causal_lm = tiny_causal_lm(family, **options)
     causal_lm.quantize("int8")
     folder = tmp_path / "q"
     report = save_decoder(causal_lm, folder, max_length=MAX_LENGTH, verbose=0)
     assert report["passed"] and report["quantization"]["keras"] == "int8"
     ops = [node.op_type for node in onnx.load(folder / "model.onnx").graph.node]
-    assert ops.count("MatMulInteger") == 2 * 5 + 1 and "MatMul" not in ops
+    assert ops.count("MatMulInteger") == 2 * per_layer + 1 and "MatMul" not in ops
     block = report["quantization"]["activation_block"]
     _assert_file_is_the_quantized_model(causal_lm, folder / "model.onnx", 2 * 2 + 1, block)
 
