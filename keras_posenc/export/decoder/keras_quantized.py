@@ -22,6 +22,10 @@ Keras 3.15 stores (never re-quantized here, only repacked):
 
 - **gptq** / **awq** (Dense, EinsumDense): `keras_gptq.py` (`KerasGrouped`).
 
+An int8 / int4 EinsumDense whose contracted kernel axes are not leading (Gemma's q/k/v) is
+read through `einsum_layout`: int8 as stored, int4 refused where its blocks are not the
+`(K, N)`'s; a gptq / awq one is refused (`_leading_reduced`).
+
 float8, and a model mixing modes are refused by name (`refuse_unexportable`).
 """
 
@@ -35,6 +39,11 @@ import keras
 import numpy as np
 
 from keras_posenc.backend.keras_private import quantized_part
+from keras_posenc.export.decoder.einsum_layout import (
+    contracted_not_leading,
+    kernel_axes,
+    refuse_int4_out_of_order,
+)
 from keras_posenc.export.decoder.keras_gptq import (
     GROUPED_MODES,
     block_order,
@@ -141,19 +150,27 @@ def _check_groups(layer, length: int, block: int, owner: str) -> None:
 def read_kernel(layer, owner: str):
     """`(stored, float (K, N))` of a quantized Dense / EinsumDense, K its contracted axes."""
     mode = layer.quantization_mode
-    _leading_reduced(layer, owner)
     if mode in GROUPED_MODES:
+        _leading_reduced(layer, owner)
         return read_grouped(layer, owner)
-    if mode == "int8":
+    if mode == "int8" and contracted_not_leading(layer):
+        # Keras keeps one scale per output channel, in the output's axis order.
+        scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
+        q = _value(quantized_part(layer, "kernel")).transpose(kernel_axes(layer))
+        integers = q.reshape(-1, scales.size).astype(np.int8)
+        stored = KerasInt8(integers, scales, _activation(layer, owner))
+    elif mode == "int8":
         q = _value(quantized_part(layer, "kernel"))
         scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
         n = scales.size
         stored = KerasInt8(q.reshape(-1, n).astype(np.int8), scales, _activation(layer, owner))
     elif mode == "int4" and _block(layer) is None:
+        refuse_int4_out_of_order(layer, None, owner)
         scales = _value(layer.kernel_scale).reshape(-1).astype(np.float32)
         q = _unpack_signed(_value(quantized_part(layer, "kernel")), scales.size, axis=-1)
         stored = KerasInt8(q, scales, _activation(layer, owner), bits=4)
     elif mode == "int4":
+        refuse_int4_out_of_order(layer, _block(layer), owner)
         block = _block(layer)
         scales = _value(layer.kernel_scale)
         n = scales.shape[-1]
@@ -330,8 +347,11 @@ def kernel_of(layer, owner: str) -> np.ndarray:
     if collected is not None:
         collected.by_content[content_key(dequantized)] = stored
         collected.layers.add(id(layer))
-    k = dequantized.shape[0]
     shape = float_kernel_shape(layer)
+    if _mode_of(layer) not in GROUPED_MODES and contracted_not_leading(layer):
+        axes = kernel_axes(layer)
+        return dequantized.reshape([shape[axis] for axis in axes]).transpose(np.argsort(axes))
+    k = dequantized.shape[0]
     reduced = next(s for s in range(1, len(shape) + 1) if int(np.prod(shape[:s])) == k)
     return dequantized.reshape(*shape[:reduced], *shape[reduced:])
 

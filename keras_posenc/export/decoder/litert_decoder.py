@@ -97,7 +97,8 @@ class DecoderModule(tf.Module):
             ],
         ]
 
-    # A quantized file's norms keep their scale out of the next weight (`_norm`).
+    # A quantized file's norms and final soft cap keep their constants out of the weights
+    # next to them (`_norm`, `_step`).
     unfolded_norms = False
 
     def _norm(self, x, norm: Norm):
@@ -330,8 +331,15 @@ class DecoderModule(tf.Module):
         logits = tf.matmul(self._norm(x, decoder.final_norm), decoder.head)
         if decoder.head_bias is not None:
             logits = logits + decoder.head_bias
-        logits = self._capped(logits, decoder.final_softcap)
-        logits = tf.where(tf.reshape(valid, [-1, 1, 1]), logits, np.nan)
+        if self.unfolded_norms:
+            # The converter folds the soft cap's `logits / cap` into the head's weight
+            # (`W / cap`, not the weight quantized); after the Select it reads no
+            # FULLY_CONNECTED, so the weight stays the kernel.
+            logits = tf.where(tf.reshape(valid, [-1, 1, 1]), logits, np.nan)
+            logits = self._capped(logits, decoder.final_softcap)
+        else:
+            logits = self._capped(logits, decoder.final_softcap)
+            logits = tf.where(tf.reshape(valid, [-1, 1, 1]), logits, np.nan)
         names = cache_names(self.cached)
         written = [cache for i in self.cached for cache in updated[i]]
         return {"logits": logits, **dict(zip(names, written, strict=True))}

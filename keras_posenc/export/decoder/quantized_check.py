@@ -20,6 +20,7 @@ where they differ (a near tie, allowed), later steps follow other tokens.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import keras
 import numpy as np
@@ -40,12 +41,28 @@ def _fingerprints(kernels: list) -> dict:
         for transposed, array in ((False, kernel), (True, kernel.T)):
             key = (array.size, hash(np.ascontiguousarray(array).tobytes()))
             table.setdefault(key, []).append((index, transposed))
+    table["sizes"] = {kernel.size for kernel, _ in kernels}
     return table
 
 
 def _replacement(weight: np.ndarray, kernels: list, table: dict):
     """`(index, dequantized value)` of `weight` if it is `kernels[index]` (`[(kernel,
-    dequantized)]`) reshaped or transposed, else `(-1, None)`."""
+    dequantized)]`) reshaped or transposed, or its axes permuted and then reshaped (Gemma's
+    `(heads, width, head_dim)` query), else `(-1, None)`."""
+    index, replaced = _reshaped(weight, kernels, table)
+    if replaced is not None or weight.ndim < 3 or weight.size not in table["sizes"]:
+        return index, replaced
+    for axes in itertools.permutations(range(weight.ndim)):
+        if list(axes) != sorted(axes):
+            index, replaced = _reshaped(
+                np.ascontiguousarray(weight.transpose(axes)), kernels, table
+            )
+            if replaced is not None:
+                return index, replaced.transpose(np.argsort(axes))
+    return -1, None
+
+
+def _reshaped(weight: np.ndarray, kernels: list, table: dict):
     key = (weight.size, hash(np.ascontiguousarray(weight).tobytes()))
     for index, transposed in table.get(key, ()):
         kernel, dequantized = kernels[index]
