@@ -15,7 +15,6 @@ import onnx
 import pytest
 from keras_hub_models import GENAI
 from onnx import TensorProto, numpy_helper
-from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
@@ -26,6 +25,12 @@ from keras_posenc.export.decoder.quantized_embedding import gather_quantize, int
 from keras_posenc.export.decoder.quantized_graph import Quantization
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
+
+# onnxruntime's quantizer imports onnx-ir, which the `genai` extra installs (`test` has it).
+DefaultWeightOnlyQuantizer = pytest.importorskip(
+    "onnxruntime.quantization.matmul_nbits_quantizer",
+    reason="onnxruntime's weight-only quantizer needs onnx-ir (pip install -e '.[test]')",
+).DefaultWeightOnlyQuantizer
 
 MAX_LENGTH = 24
 BLOCK = 32
