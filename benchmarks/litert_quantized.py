@@ -27,13 +27,13 @@ def _files(size: dict) -> dict:
 
     from keras_posenc.export.decoder import describe_decoder
     from keras_posenc.export.decoder.litert_decoder import decoder_litert
-    from keras_posenc.export.decoder.quantized_graph import litert_quantization
+    from keras_posenc.export.decoder.quantization_arguments import litert_quantization
 
     keras.utils.set_random_seed(0)
     decoder = describe_decoder(step_model(size), MAX_LENGTH)
     return {
         "float32": decoder_litert(decoder),
-        "int8": decoder_litert(decoder, litert_quantization(8, 32)),
+        "int8": decoder_litert(decoder, litert_quantization(8, None)),
         "int4": decoder_litert(decoder, litert_quantization(4, 32)),
     }
 

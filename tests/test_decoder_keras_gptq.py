@@ -30,7 +30,7 @@ from keras_posenc.export.decoder import save
 from keras_posenc.export.decoder.keras_gptq import KerasGrouped
 from keras_posenc.export.decoder.keras_quantized import read_kernel
 from keras_posenc.export.decoder.progress import Progress
-from keras_posenc.export.decoder.quantized_graph import keras_quantization
+from keras_posenc.export.decoder.quantization_arguments import keras_quantization
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm
@@ -160,7 +160,7 @@ def test_a_keras_quantized_llama_exports_as_stored_and_verified(tmp_path, mode, 
     else:
         assert ops.count("Div") >= 7
     decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, 32, level, "gqa", ("onnx",))
+    quantization = keras_quantization(decoder, None, None, level, "gqa", ("onnx",))
     _bound_and_tokens(causal_lm, folder / "model.onnx", quantization, 2 * 2 + 1)
 
 
@@ -211,7 +211,7 @@ def test_a_tampered_file_fails_the_verification(tmp_path, mode, tampers, request
     folder = tmp_path / "q"
     save_decoder(causal_lm, folder, max_length=MAX_LENGTH, verbose=0, verify=False)
     decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, 32, 4, "gqa", ("onnx",))
+    quantization = keras_quantization(decoder, None, None, None, "gqa", ("onnx",))
     written = onnx.load(folder / "model.onnx")
     for tamper in tampers:
         tampered = onnx.ModelProto()

@@ -36,12 +36,12 @@ from keras_posenc.export.decoder.keras_quantized import (
 from keras_posenc.export.decoder.keras_quantized_graph import stored_embedding, stored_matmul
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress
-from keras_posenc.export.decoder.quantized_check import activation_bound
-from keras_posenc.export.decoder.quantized_graph import (
-    Quantization,
+from keras_posenc.export.decoder.quantization_arguments import (
     keras_quantization,
     refuse_keras_quantized,
 )
+from keras_posenc.export.decoder.quantized_check import activation_bound
+from keras_posenc.export.decoder.quantized_graph import Quantization
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm
@@ -169,7 +169,7 @@ def _bound_and_tokens(causal_lm, path, quantization, chain: int):
 
 @pytest.mark.parametrize(
     "mode,tied,level",
-    [("int8", False, 4), ("int8", True, 4), ("int4", True, 4), ("int4", False, 0)],
+    [("int8", False, None), ("int8", True, None), ("int4", True, 4), ("int4", False, 0)],
 )
 def test_a_keras_quantized_llama_exports_as_stored_and_verified(tmp_path, mode, tied, level):
     causal_lm = _quantized(mode, tie_word_embeddings=tied)
@@ -182,7 +182,7 @@ def test_a_keras_quantized_llama_exports_as_stored_and_verified(tmp_path, mode, 
     product = "MatMulInteger" if mode == "int8" else "MatMulNBits"
     assert ops.count(product) == 2 * 5 + 1 and "MatMul" not in ops
     quantization = keras_quantization(
-        describe_causal_lm(causal_lm, MAX_LENGTH), None, 32, level, "gqa", ("onnx",)
+        describe_causal_lm(causal_lm, MAX_LENGTH), None, None, level, "gqa", ("onnx",)
     )
     _bound_and_tokens(causal_lm, folder / "model.onnx", quantization, 2 * 2 + 1)
 
@@ -248,7 +248,7 @@ def test_a_tampered_file_fails_the_verification(tmp_path, mode, tampers):
     folder = tmp_path / "q"
     save_decoder(causal_lm, folder, max_length=MAX_LENGTH, verbose=0, verify=False)
     decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, 32, 4, "gqa", ("onnx",))
+    quantization = keras_quantization(decoder, None, None, None, "gqa", ("onnx",))
     written = onnx.load(folder / "model.onnx")
     for tamper in tampers:
         tampered = onnx.ModelProto()
@@ -328,6 +328,6 @@ def test_a_keras_quantized_mixture_of_experts_is_refused_before_anything_is_writ
 
 def test_decoder_onnx_refuses_a_keras_quantized_model_with_standard_attention():
     decoder = describe_causal_lm(_quantized("int8"), MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, 32, 4, "gqa", ("onnx",))
+    quantization = keras_quantization(decoder, None, None, None, "gqa", ("onnx",))
     with pytest.raises(ExportError, match="attention='standard' is not yet supported"):
         decoder_onnx(decoder, "standard", quantization)

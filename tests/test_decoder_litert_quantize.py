@@ -26,12 +26,12 @@ from keras_posenc.export.decoder import save
 from keras_posenc.export.decoder.keras_reader import describe_decoder
 from keras_posenc.export.decoder.litert_quantize import quantized_litert
 from keras_posenc.export.decoder.progress import Progress
+from keras_posenc.export.decoder.quantization_arguments import litert_quantization
 from keras_posenc.export.decoder.quantize import dequantize, quantize, unpacked
-from keras_posenc.export.decoder.quantized_graph import litert_quantization
 from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 
-QUANTIZATIONS = {"int8": litert_quantization(8, 32), "int4": litert_quantization(4, 32)}
+QUANTIZATIONS = {"int8": litert_quantization(8, None), "int4": litert_quantization(4, 32)}
 # The step model's files: 16 greedy steps and a teacher-forced prompt of 24 (as
 # tests/test_decoder_keras_quantized.py); no window, table or chunk ends between 24 and 80.
 MAX_LENGTH = 24

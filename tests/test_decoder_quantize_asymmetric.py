@@ -358,6 +358,6 @@ def test_what_cannot_take_zero_points_is_refused_before_anything_is_written(
 
 
 def test_symmetric_must_be_a_bool(tmp_path, step):
-    with pytest.raises(ValueError, match="symmetric must be True or False"):
+    with pytest.raises(TypeError, match="symmetric must be True or False"):
         save_decoder(step[0], tmp_path / "q", max_length=MAX_LENGTH, quantize="int4", symmetric=0)
     assert not (tmp_path / "q").exists()

@@ -5,10 +5,12 @@ from __future__ import annotations
 from keras_posenc.export.backend import requires_tensorflow
 from keras_posenc.export.decoder.check import PROMPT
 from keras_posenc.export.decoder.keras_quantized import refuse_unexportable
+from keras_posenc.export.decoder.litertlm_template import checked_prompt_template
+from keras_posenc.export.decoder.quantization_arguments import checked_quantization
 from keras_posenc.export.decoder.quantized_embedding import embedding_quantization
-from keras_posenc.export.decoder.quantized_graph import checked_quantization
 from keras_posenc.export.decoder.weights_file import use_external_data
 from keras_posenc.export.errors import ExportError
+from keras_posenc.export.precision import compute_dtypes
 from keras_posenc.frequencies import MAX_POSITIONS
 from keras_posenc.layers.checks import checked_int
 
@@ -52,16 +54,26 @@ def refuse_model_kind(model) -> None:
             f"(e.g. keras_hub.models.{family}CausalLM(backbone=backbone, preprocessor=None), "
             "or the one from_preset gives), whose generation the export is verified against."
         )
-    # Keras's int8 / int4 layers are read as stored; any other mode is refused by name.
-    refuse_unexportable(model, "save_decoder")
+    # Keras's int8 / int4 / gptq / awq layers are read as stored; others refused by name.
+    mode = refuse_unexportable(model, "save_decoder")
+    low = [dtype for dtype in ("bfloat16", "float16") if dtype in compute_dtypes(model)]
+    if mode in ("gptq", "awq") and low:
+        raise ExportError(
+            f"{model.name!r} is quantized by Keras as {mode!r} and computes in "
+            f"{' and '.join(low)}: its float32 copy would lose the {mode} calibration (Keras "
+            "rebuilds the layers uncalibrated), so it is not exported. Build the model in "
+            f"float32, then quantize it with {mode!r}, and export that."
+        )
 
 
 def checked_arguments(
-    attention: str, formats, max_length, verify: bool, prefill_lengths, external_data
+    attention: str, formats, max_length, verify: bool, bundle: tuple, external_data
 ) -> tuple:
     """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
     lengths before the model is described for `max_length` and their padding), and
-    `external_data`'s value."""
+    `external_data`'s value; `bundle` is `(prefill_lengths, tokenizer, prompt_template)`,
+    the last two refused without "litertlm" and the template checked here."""
+    prefill_lengths, tokenizer, template = bundle
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}.")
     formats = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -75,6 +87,11 @@ def checked_arguments(
         from keras_posenc.export.decoder.litertlm_model import bundle_prefill_lengths
 
         prefill_lengths = bundle_prefill_lengths(max_length, prefill_lengths)
+        checked_prompt_template(template)
+    else:
+        for name, value in (("tokenizer", tokenizer), ("prompt_template", template)):
+            if value is not None:
+                raise ValueError(f"{name}= is written only into formats=('litertlm',)'s bundle.")
     use_external_data(0, external_data)  # a wrong value, before any work
     return formats, max_length, prefill_lengths
 

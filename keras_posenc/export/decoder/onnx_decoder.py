@@ -31,10 +31,10 @@ from keras_posenc.export.decoder.genai_interface import (
 from keras_posenc.export.decoder.gqa import GqaAttention
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
 from keras_posenc.export.decoder.moe import moe_contrib, moe_onnx
+from keras_posenc.export.decoder.quantization_arguments import refuse_keras_quantized
 from keras_posenc.export.decoder.quantized_graph import (
     embedding_lookup,
     head_matmul,
-    refuse_keras_quantized,
     refuse_unquantizable,
     weight_matmul,
 )

@@ -38,7 +38,7 @@ from keras_posenc.export.decoder.litertlm_check import (
 from keras_posenc.export.decoder.on_demand import OneAtATime, on_demand
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
 from keras_posenc.export.decoder.progress import Progress, check_verbose, reporting
-from keras_posenc.export.decoder.quantized_graph import keras_quantization
+from keras_posenc.export.decoder.quantization_arguments import keras_quantization
 from keras_posenc.export.decoder.special_tokens import check_id_types, special_ids
 from keras_posenc.export.decoder.tokenizer_files import tokenizer_files
 from keras_posenc.export.decoder.weights_file import plan_weights, session_options, write_onnx
@@ -87,19 +87,18 @@ def save_decoder(
     pad_token_id: int | None = None,
     prefill_lengths: tuple[int, ...] | None = None,
     tokenizer=None,
-    prompt_template=None,
+    prompt_template: dict | None = None,
     external_data: bool | None = None,
     verbose: int = 1,
     quantize: str | None = None,
-    block_size: int = 32,
-    accuracy_level: int = 4,
+    block_size: int | None = None,
+    accuracy_level: int | None = None,
     symmetric: bool = True,
     quantize_embedding: bool = False,
 ) -> dict:
     """Writes a decoder as onnxruntime-genai's folder (and LiteRT / LiteRT-LM files), verified.
 
-    `model`: a `keras_posenc.decoder_models` step model or a keras_hub CausalLM (the families
-    of docs/keras_hub.md); anything else is refused, naming the layer. Files: docs/decoding.md.
+    `model`: a `decoder_models` step model or a keras_hub CausalLM (docs/keras_hub.md).
 
     Example:
 
@@ -121,7 +120,7 @@ def save_decoder(
         external_data: the weights in `model.onnx.data`; None: past 2 GB.
         verbose: 1 says each phase on stderr, 0 nothing.
         quantize, block_size, accuracy_level, symmetric, quantize_embedding: int8/int4
-            weights (docs/quantization.md).
+            weights (None: block 32, level 4; docs/quantization.md).
 
     Returns:
         The verification report (`{}` with `verify=False`; `folder/verification.json`).
@@ -131,8 +130,9 @@ def save_decoder(
         VerificationError: a file does not generate as Keras does; its report is left at
             `failed_report_path(folder)` and nothing is written at `folder`.
     """
+    bundle = (prefill_lengths, tokenizer, prompt_template)
     formats, max_length, lengths = checked_arguments(
-        attention, formats, max_length, verify, prefill_lengths, external_data
+        attention, formats, max_length, verify, bundle, external_data
     )
     asked = (quantize, block_size, accuracy_level, attention, formats)
     quantization = checked_quantizations(asked, symmetric, quantize_embedding)
@@ -168,10 +168,7 @@ def _plan(model, decoder, formats, max_length: int, bundle: tuple):
     file is written; `bundle` is `(prefill_lengths, tokenizer, prompt_template, slots)`,
     `slots` the cache slots of the reference."""
     prefill_lengths, tokenizer, template, slots = bundle
-    if "litertlm" not in formats:
-        for name, value in (("tokenizer", tokenizer), ("prompt_template", template)):
-            if value is not None:
-                raise ValueError(f"{name}= is written only into formats=('litertlm',)'s bundle.")
+    if "litertlm" not in formats:  # tokenizer / template refused then (`checked_arguments`)
         return None
     from keras_posenc.export.decoder.litertlm import litertlm_plan  # imports TensorFlow
 
