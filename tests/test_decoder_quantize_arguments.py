@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 from keras.src.quantizers.gptq import GPTQ
+from keras_hub_models import tiny_causal_lm
 from keras_quantizing import without_collection_per_variable
 from test_decoder_save import step_model
 
@@ -126,4 +127,19 @@ def test_a_bfloat16_gptq_model_is_refused_by_name(tmp_path):
     assert head.quantization_mode == "gptq"
     with pytest.raises(ExportError, match="quantized by Keras as 'gptq' and computes in bfloat16"):
         save_decoder(model, tmp_path / "q", max_length=MAX_LENGTH, verbose=0)
+    assert not (tmp_path / "q").exists()
+
+
+def test_quantize_embedding_on_a_tied_model_is_refused_by_name(tmp_path):
+    """Its table is the head's int4 blocks already: the option would change nothing."""
+    causal_lm = tiny_causal_lm("llama", tie_word_embeddings=True)
+    with pytest.raises(ExportError, match="quantize_embedding=True, but the model's embedding"):
+        save_decoder(
+            causal_lm,
+            tmp_path / "q",
+            max_length=MAX_LENGTH,
+            verbose=0,
+            quantize="int4",
+            quantize_embedding=True,
+        )
     assert not (tmp_path / "q").exists()

@@ -105,8 +105,15 @@ def block_order(g_idx: np.ndarray, block: int, what: str) -> np.ndarray | None:
     return None if np.array_equal(order, np.arange(length)) else order
 
 
-def _bits(layer) -> int:
-    return int(getattr(layer.dtype_policy, "weight_bits", 4))
+def _bits(layer, what: str) -> int:
+    """The layer's weight bits as its GPTQ / AWQ dtype policy says (never a guess)."""
+    bits = getattr(layer.dtype_policy, "weight_bits", None)
+    if bits is None:
+        raise ExportError(
+            f"{what}'s dtype policy {layer.dtype_policy!r} names no weight_bits; its stored "
+            "integers cannot be read. Quantize it with Keras's GPTQConfig / AWQConfig."
+        )
+    return int(bits)
 
 
 def _integers(layer, bits: int, n: int) -> np.ndarray:
@@ -151,7 +158,7 @@ def read_grouped(layer, owner: str) -> tuple[KerasGrouped, np.ndarray]:
     scales = np.asarray(weight_array(layer.kernel_scale), np.float32)  # (N, groups)
     n, groups = scales.shape
     _check_rows(layer, g_idx.shape[0], what)
-    bits = _bits(layer)
+    bits = _bits(layer, what)
     group, block = _block(layer, g_idx.shape[0], groups, what)
     order = block_order(g_idx, group, what)
     q = _integers(layer, bits, n)

@@ -7,8 +7,9 @@ len need to be dynamic or static at the same time"). This file has batch 1 in ev
 spec, one static `prefill_<n>` signature per length (the engine splits a prompt over them
 and pads the last chunk) and `decode`; the same tensor names, int32 `tokens` and
 `input_pos` (int64 tokens load and give wrong tokens silently) and the same graph.
-`input_pos` keeps one slot per token, `(n,)`: with `(1,)` the engine prefilled at a
-fraction of litert-torch's speed (`docs/litertlm.md`).
+`input_pos` holds one position per token, `(n,)`, the shape LiteRT-LM's executor fills
+(and litert-torch writes); a `(1,)` one still ran, far off its prefill path
+(`docs/litertlm.md` has the measurement).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tensorflow as tf
 from keras_posenc.export.decoder.description import Decoder
 from keras_posenc.export.decoder.litert_decoder import DecoderModule
 from keras_posenc.export.errors import ExportError
-from keras_posenc.frequencies import MAX_POSITIONS as LONGEST  # the rows a table serves
+from keras_posenc.frequencies import MAX_POSITIONS
 
 DEFAULT_PREFILL_LENGTHS = (8, 32)
 
@@ -59,10 +60,11 @@ def bundle_prefill_lengths(max_length: int, prefill_lengths=None) -> tuple[int, 
         lengths = default_prefill_lengths(max_length)
     else:
         lengths = checked_prefill_lengths(prefill_lengths, max_length - 1)
-    if max_length + lengths[-1] > LONGEST:
+    if max_length + lengths[-1] > MAX_POSITIONS:
         raise ValueError(
             f"max_length {max_length} is more than a .litertlm bundle holds: its cache needs "
-            f"max_length + the longest prefill length ({lengths[-1]}) slots, at most {LONGEST}."
+            f"max_length + the longest prefill length ({lengths[-1]}) slots, at most "
+            f"{MAX_POSITIONS}."
         )
     return lengths
 

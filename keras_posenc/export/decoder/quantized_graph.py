@@ -92,6 +92,12 @@ def refuse_unquantizable(decoder, quantization: Quantization, attention: str = "
             "supported (quantized experts are written as com.microsoft.QMoE); use "
             "attention='gqa', or quantize=None."
         )
+    if quantization.embedding and is_tied(decoder):
+        raise ExportError(
+            "quantize_embedding=True, but the model's embedding is tied to its head: the "
+            "table is already the head's int4 blocks (GatherBlockQuantized over them); leave "
+            "quantize_embedding=False."
+        )
     block = quantization.block_size
     if quantization.rule == "litert" and any(b.mlp.kind == "moe" for b in decoder.blocks):
         raise ExportError(
