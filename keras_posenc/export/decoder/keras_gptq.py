@@ -41,7 +41,13 @@ import dataclasses
 import numpy as np
 
 from keras_posenc.backend.keras_private import quantized_part
-from keras_posenc.export.decoder.quantize import MIN_BLOCK, Quantized, asymmetric, dequantize
+from keras_posenc.export.decoder.quantize import (
+    MIN_BLOCK,
+    Quantized,
+    asymmetric,
+    dequantize,
+    nibbles,
+)
 from keras_posenc.export.decoder.weight_arrays import weight_array
 from keras_posenc.export.errors import ExportError
 
@@ -118,10 +124,8 @@ def _bits(layer, what: str) -> int:
 
 def _integers(layer, bits: int, n: int) -> np.ndarray:
     """The unsigned integers `q` `(K, N)` of `quantized_kernel` (`(N, K)`, packed along N)."""
-    stored = np.asarray(weight_array(layer.quantized_kernel), np.uint8)
-    if bits == 4:
-        stored = np.stack([stored & 15, stored >> 4], axis=1).reshape(-1, stored.shape[1])[:n]
-    return np.ascontiguousarray(stored.T)
+    stored = np.asarray(weight_array(layer.quantized_kernel), np.uint8).T  # (K, N packed)
+    return np.ascontiguousarray(nibbles(stored)[:, :n] if bits == 4 else stored)
 
 
 def _block(layer, length: int, groups: int, what: str) -> tuple[int, int]:

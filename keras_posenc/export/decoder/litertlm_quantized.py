@@ -27,11 +27,11 @@ import numpy as np
 from keras_posenc.export.decoder.litertlm_template import engine_ids
 from keras_posenc.export.decoder.logit_tolerance import margin
 from keras_posenc.export.decoder.quantized_check import activation_bound, dequantized_weights
-from keras_posenc.export.decoder.quantized_graph import quantized_kernels
 from keras_posenc.export.decoder.quantized_save import (
     LITERT_FLOAT_RUNTIME,
     activation_block,
     quantization_entry,
+    rounded_chain,
     verify_quantized_decoder,
 )
 
@@ -108,8 +108,7 @@ def check_quantized_bundle(check, path, checked: tuple, plan, progress) -> dict:
 
     model, source, reference, length, quantization = checked[:5]
     decoder = on_demand(source).describe()
-    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
-    chain, block = 2 * layers + 1, activation_block(decoder, quantization)
+    chain, block = rounded_chain(decoder), activation_block(decoder, quantization)
     with dequantized_weights(model, decoder, quantization):
         decoder = None  # the context holds it until it has made the reference's weights
         result = judge_texts(check(), model, plan, chain, block)

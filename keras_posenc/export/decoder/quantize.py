@@ -96,12 +96,16 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
     return np.floor(np.abs(x.astype(np.float64)) + 0.5) * np.sign(x)
 
 
+def largest_magnitude(blocks: np.ndarray) -> np.ndarray:
+    """Each block's (last axis) value of largest magnitude; of `m` and `-m` (frequent in
+    bfloat16 weights) `-m`, as MLAS: `|max| > |min| ? max : min`."""
+    high, low = blocks.max(-1), blocks.min(-1)
+    return np.where(np.abs(high) > np.abs(low), high, low)
+
+
 def _integers(blocks: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """MLAS's `(q (N, blocks, block_size) uint8, scales (N, blocks) float32)`."""
-    # The block's value of largest magnitude; of `m` and `-m` (frequent in bfloat16
-    # weights) `-m`, as MLAS: `|max| > |min| ? max : min`.
-    high, low = blocks.max(-1), blocks.min(-1)
-    largest = np.where(np.abs(high) > np.abs(low), high, low)
+    largest = largest_magnitude(blocks)
     zero = np.float32(1 << (bits - 1))
     scales = (largest / -zero).astype(np.float32)
     with np.errstate(divide="ignore"):
@@ -208,13 +212,7 @@ def asymmetric(
     zero_u = zeros.astype(np.uint8).T  # (N, blocks)
     pad = np.repeat(zero_u[:, -1:], blocks * block - k, axis=1)
     full = np.concatenate([q, pad], axis=1).reshape(n, blocks, block)
-    if bits == 8:
-        packed, zero_points = full, np.ascontiguousarray(zero_u)
-    else:
-        packed = (full[..., 0::2] | (full[..., 1::2] << 4)).astype(np.uint8)
-        if blocks % 2:
-            zero_u = np.concatenate([zero_u, np.zeros((n, 1), np.uint8)], axis=1)
-        zero_points = (zero_u[:, 0::2] | (zero_u[:, 1::2] << 4)).astype(np.uint8)
+    packed, zero_points = pack(full, bits), np.ascontiguousarray(pack(zero_u, bits))
     scales = np.ascontiguousarray(np.asarray(scales, np.float32).T)
     return Quantized(packed, scales, bits, block, zero_points, k)
 

@@ -20,6 +20,7 @@ import numpy as np
 from onnx import TensorProto
 
 from keras_posenc.export.decoder.graph_builder import MICROSOFT, GraphBuilder
+from keras_posenc.export.decoder.quantize import largest_magnitude, pack
 from keras_posenc.export.errors import ExportError
 
 
@@ -28,8 +29,7 @@ def gather_quantize(table: np.ndarray, block_size: int) -> tuple[np.ndarray, np.
     docstring); D a multiple of `block_size`."""
     v, d = table.shape
     blocks = np.asarray(table, np.float32).reshape(v, d // block_size, block_size)
-    high, low = blocks.max(-1), blocks.min(-1)
-    scales = (np.where(np.abs(high) > np.abs(low), high, low) / np.float32(-8.0)).astype(np.float32)
+    scales = (largest_magnitude(blocks) / np.float32(-8.0)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(scales[..., None] == 0, 0, blocks / scales[..., None])
     q = np.clip(np.round(ratio), -8, 7).astype(np.int8)
@@ -46,10 +46,7 @@ def gather_round_trip(table: np.ndarray, block_size: int) -> np.ndarray:
 
 def int4_bytes(q: np.ndarray) -> np.ndarray:
     """ONNX `INT4` raw data of `q` (int8 in [-8, 7]): two a byte, the first in the low nibble."""
-    flat = q.reshape(-1).astype(np.uint8) & 15
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+    return pack(q.reshape(-1).astype(np.uint8) & 15, 4)
 
 
 def quantized_lookup(g: GraphBuilder, table: np.ndarray, ids: str) -> str:

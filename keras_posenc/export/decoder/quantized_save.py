@@ -94,6 +94,13 @@ def litert_float_arithmetic_runtime(path, quantization) -> dict:
     return {LITERT_FLOAT_RUNTIME: greedy}
 
 
+def rounded_chain(decoder) -> int:
+    """The quantized products a logit's activation roundings pass through: each layer's
+    attention and MLP, then the head (`2 * layers + 1`)."""
+    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
+    return 2 * layers + 1
+
+
 def activation_block(decoder, quantization) -> int:
     """The inputs one int8 activation scale covers: MatMulNBits' block; a LiteRT row (its
     kernels round each input row, the largest K of the quantized weights)."""
@@ -161,13 +168,12 @@ def verify_quantized_decoder(
 
     source = on_demand(source)
     decoder = source.describe()
-    layers = sum(1 for name, _ in quantized_kernels(decoder) if name.endswith("o_proj"))
     experts = sum(block.mlp.kind == "moe" for block in decoder.blocks)
     # Keras's int8 layers round their inputs (the file does the same, so only the rows
     # whose float32 inputs differ by a rounding boundary differ: bounded the same way).
     bounded = int8_activations(quantization, experts)
     if quantization.accuracy_level not in FLOAT_LEVELS or quantization.keras_rounded:
-        chain = 2 * layers + 1  # each layer's attention and MLP, then the head
+        chain = rounded_chain(decoder)
     else:
         chain = experts  # 8-bit QMoE alone: each mixture's branch
     block = activation_block(decoder, quantization)
