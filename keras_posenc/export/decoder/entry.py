@@ -67,7 +67,7 @@ def refuse_model_kind(model) -> None:
 
 
 def checked_arguments(
-    attention: str, formats, max_length, verify: bool, bundle: tuple, external_data
+    attention: str, formats, max_length: int, verify: bool, bundle: tuple, external_data
 ) -> tuple:
     """`(formats, max_length, prefill_lengths)` checked, before any work (the bundle's
     lengths before the model is described for `max_length` and their padding), and
@@ -96,7 +96,7 @@ def checked_arguments(
     return formats, max_length, prefill_lengths
 
 
-def checked_quantizations(asked: tuple, symmetric, quantize_embedding):
+def checked_quantizations(asked: tuple, symmetric: bool, quantize_embedding: bool):
     """The `Quantization` that `asked` (`(quantize, block_size, accuracy_level, attention,
     formats)`), `symmetric` and `quantize_embedding` say, or None; refused by name first."""
     quantization = checked_quantization(*asked, symmetric)

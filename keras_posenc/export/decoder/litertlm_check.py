@@ -15,6 +15,7 @@ has for it), counted with the start token and the template's tokens.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 
 from keras_posenc.export.decoder.litertlm_template import PromptTemplate, engine_ids
 
@@ -74,7 +75,9 @@ def check_prompts(
     return prompts
 
 
-def keras_hub_text(causal_lm, max_length: int, template: PromptTemplate | None = None, stops=()):
+def keras_hub_text(
+    causal_lm, max_length: int, template: PromptTemplate | None = None, stops=()
+) -> Callable[[str], str]:
     """`prompt -> text`: keras_hub's greedy `generate()` after the prompt; with `template`,
     `generate()` of the ids the engine prefills (`engine_ids`), up to `stops`."""
     causal_lm.compile(sampler="greedy")
@@ -110,7 +113,7 @@ def keras_hub_text(causal_lm, max_length: int, template: PromptTemplate | None =
 
 def step_model_text(
     step_model, tokenizer, start: int | None, stops, max_length: int, template=None
-):
+) -> Callable[[str], str]:
     """`prompt -> text` for a `decoder_models` step model, as keras_hub's `generate()`
     makes it: the prompt's ids after the start token (where there is one; with `template`,
     the ids the engine prefills, `engine_ids`), Keras's greedy
@@ -139,7 +142,7 @@ def step_model_text(
     return text
 
 
-def litertlm_reference(model, plan):
+def litertlm_reference(model, plan) -> Callable[[str], str]:
     """`prompt -> text` the bundle's check compares with: keras_hub's `generate()`, or
     Keras's greedy tokens of a step model in its tokenizer's text."""
     from keras_posenc import keras_hub as bridge  # here: the bridge imports this package

@@ -22,6 +22,9 @@ way, its reference Keras's greedy generation (`greedy_generation.keras_greedy`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 
 from keras_posenc.export.decoder.litertlm_template import engine_ids
@@ -96,7 +99,9 @@ def judge_texts(result: dict, model, plan, chain: int, block: int) -> dict:
     return result
 
 
-def check_quantized_bundle(check, path, checked: tuple, plan, progress) -> dict:
+def check_quantized_bundle(
+    check: Callable[[], dict], path: Path, checked: tuple, plan, progress
+) -> dict:
     """`check()` (`litertlm_check.check_litertlm` of the bundle at `path`) run with the
     model as the reference (its quantized weights dequantized), its differing texts judged
     by the reference's margin (`judge_texts`), and the bundle's `.tflite` verified as the

@@ -14,6 +14,7 @@ Imports TensorFlow, as `litert_runner.py` does.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class StaticDecoder:
         return np.concatenate(logits, axis=1)
 
 
-def bundle_greedy(content: bytes):
+def bundle_greedy(content: bytes) -> Callable:
     """`greedy(prompts, mask, steps) -> (tokens, logits)` through the bundle's `.tflite`
     bytes `content`, as `litert_runner.litert_greedy` (same outputs), row by row."""
 
