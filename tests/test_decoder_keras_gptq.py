@@ -21,17 +21,15 @@ from float32_error import U, assert_within_bound, linear_error
 from keras.src.quantizers.awq import AWQ  # not public: the per-layer calibration
 from keras.src.quantizers.gptq import GPTQ
 from keras_hub_models import tiny_causal_lm
+from keras_quantizing import assert_each_tamper_fails
 from onnx import numpy_helper
 from test_decoder_keras_quantized import MAX_LENGTH, _bound_and_tokens, _node_output
 from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import save
 from keras_posenc.export.decoder.keras_gptq import KerasGrouped
 from keras_posenc.export.decoder.keras_quantized import read_kernel
-from keras_posenc.export.decoder.progress import Progress
 from keras_posenc.export.decoder.quantization_arguments import keras_quantization
-from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm
 from keras_posenc.keras_hub.private import llama_part
@@ -208,21 +206,7 @@ def _one_off(array):
 )
 def test_a_tampered_file_fails_the_verification(tmp_path, mode, tampers, request):
     causal_lm = request.getfixturevalue(f"{mode}_llama")
-    folder = tmp_path / "q"
-    save_decoder(causal_lm, folder, max_length=MAX_LENGTH, verbose=0, verify=False)
-    decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, None, None, "gqa", ("onnx",))
-    written = onnx.load(folder / "model.onnx")
-    for tamper in tampers:
-        tampered = onnx.ModelProto()
-        tampered.CopyFrom(written)
-        tamper(tampered)
-        onnx.save(tampered, folder / "model.onnx")
-        runtimes = save._runtimes(folder, ("onnx",), MAX_LENGTH, quantization)
-        report = verify_quantized_decoder(
-            causal_lm, decoder, True, runtimes, MAX_LENGTH, quantization, Progress(0, folder)
-        )
-        assert not report["passed"], tamper.__name__
+    assert_each_tamper_fails(causal_lm, tampers, tmp_path / "q", MAX_LENGTH)
 
 
 def _step_model():

@@ -19,12 +19,11 @@ import onnxruntime
 import pytest
 from float32_error import U, assert_within_bound, linear_error
 from keras_hub_models import GENAI, tiny_causal_lm, tiny_gpt_oss
-from keras_quantizing import without_collection_per_variable
+from keras_quantizing import assert_each_tamper_fails, without_collection_per_variable
 from onnx import TensorProto, helper, numpy_helper
 from test_decoder_save import step_model
 
 from keras_posenc.export import save_decoder
-from keras_posenc.export.decoder import save
 from keras_posenc.export.decoder.graph_builder import GraphBuilder
 from keras_posenc.export.decoder.greedy_generation import onnx_greedy
 from keras_posenc.export.decoder.keras_quantized import (
@@ -35,14 +34,12 @@ from keras_posenc.export.decoder.keras_quantized import (
 )
 from keras_posenc.export.decoder.keras_quantized_graph import stored_embedding, stored_matmul
 from keras_posenc.export.decoder.onnx_decoder import decoder_onnx
-from keras_posenc.export.decoder.progress import Progress
 from keras_posenc.export.decoder.quantization_arguments import (
     keras_quantization,
     refuse_keras_quantized,
 )
 from keras_posenc.export.decoder.quantized_check import activation_bound
 from keras_posenc.export.decoder.quantized_graph import Quantization
-from keras_posenc.export.decoder.quantized_save import verify_quantized_decoder
 from keras_posenc.export.errors import ExportError
 from keras_posenc.keras_hub import describe_causal_lm
 from keras_posenc.keras_hub.private import llama_part
@@ -245,21 +242,7 @@ def _zero_point(model):
 )
 def test_a_tampered_file_fails_the_verification(tmp_path, mode, tampers):
     causal_lm = _quantized(mode, tie_word_embeddings=False)
-    folder = tmp_path / "q"
-    save_decoder(causal_lm, folder, max_length=MAX_LENGTH, verbose=0, verify=False)
-    decoder = describe_causal_lm(causal_lm, MAX_LENGTH)
-    quantization = keras_quantization(decoder, None, None, None, "gqa", ("onnx",))
-    written = onnx.load(folder / "model.onnx")
-    for tamper in tampers:
-        tampered = onnx.ModelProto()
-        tampered.CopyFrom(written)
-        tamper(tampered)
-        onnx.save(tampered, folder / "model.onnx")
-        runtimes = save._runtimes(folder, ("onnx",), MAX_LENGTH, quantization)
-        report = verify_quantized_decoder(
-            causal_lm, decoder, True, runtimes, MAX_LENGTH, quantization, Progress(0, folder)
-        )
-        assert not report["passed"], tamper.__name__
+    assert_each_tamper_fails(causal_lm, tampers, tmp_path / "q", MAX_LENGTH)
 
 
 def test_the_dequantized_weights_are_what_keras_computes_with():
